@@ -1,0 +1,46 @@
+# HybridFlow Lab: `make demo` and `make test` work on a fresh clone with only python3 installed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+export HF_HUB_OFFLINE := 1
+export RAY_DEDUP_LOGS := 0
+
+.PHONY: demo test test-fast lint bench-dispatch clean lock
+
+$(VENV)/.runtime: requirements/runtime.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements/runtime.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.runtime requirements/test.txt
+	$(PY) -m pip install --quiet -r requirements/test.txt
+	touch $@
+
+demo: $(VENV)/.runtime
+	$(BIN)/hybridflow-lab demo
+
+test: $(VENV)/.test
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+	$(BIN)/pytest -q --nbval-lax notebooks tutorials
+
+test-fast: $(VENV)/.test
+	$(BIN)/pytest -q -m "not slow"
+
+lint: $(VENV)/.test
+	$(BIN)/ruff check .
+
+bench-dispatch: $(VENV)/.runtime
+	$(BIN)/hybridflow-lab bench dispatch
+
+# Re-resolve the pins in a scratch venv (needs the package registries).
+lock:
+	rm -rf /tmp/hybridflow-lock && $(PYTHON) -m venv /tmp/hybridflow-lock
+	/tmp/hybridflow-lock/bin/pip install --quiet torch==2.13.0 "ray>=2.60,<3" numpy pandas pyyaml \
+		"transformers>=5.16,<6" tokenizers safetensors "deepspeed>=0.19,<0.20" tqdm
+	@echo "compare with requirements/runtime.txt:"; /tmp/hybridflow-lock/bin/pip freeze | sed 's/+cpu//'
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Benchmarks behind `hybridflow-lab bench ...`; each returns one JSON-ready dict."""

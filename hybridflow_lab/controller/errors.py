@@ -1,0 +1,44 @@
+"""Errors that cross the controller/worker boundary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class WorkerCallError(RuntimeError):
+    """A worker rank failed while running a registered method (or its constructor).
+
+    Carries the group, role, rank and method, the remote error and its traceback; ``others``
+    lists further ranks that failed in the same call.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        role: str,
+        rank: int,
+        method: str,
+        error: str,
+        remote_traceback: str = "",
+        others: Sequence[int] = (),
+    ) -> None:
+        super().__init__(group, role, rank, method, error, remote_traceback, tuple(others))
+        self.group, self.role, self.rank, self.method = group, role, rank, method
+        self.error, self.remote_traceback, self.others = error, remote_traceback, tuple(others)
+
+    def with_others(self, others: Sequence[int]) -> WorkerCallError:
+        return WorkerCallError(self.group, self.role, self.rank, self.method, self.error, self.remote_traceback, others)
+
+    def __str__(self) -> str:
+        also = f" (ranks {', '.join(map(str, self.others))} failed too)" if self.others else ""
+        text = (
+            f"worker group {self.group!r}, role {self.role!r}, rank {self.rank} failed in "
+            f"{self.method!r}{also}: {self.error}"
+        )
+        if self.remote_traceback:
+            text += f"\n--- traceback from rank {self.rank} ---\n{self.remote_traceback.rstrip()}"
+        return text
+
+
+class WorkerGroupClosed(RuntimeError):
+    """A call on a worker group that was shut down or replaced."""

@@ -1,0 +1,191 @@
+"""The rank process: sets up torch.distributed and the meshes, builds the roles, runs calls.
+
+The same ``RankHost`` class runs inside a Ray actor (ray backend) or in the controller's
+own process (local backend).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+
+from hybridflow_lab.controller.errors import WorkerCallError
+from hybridflow_lab.controller.futures import RemoteRows
+from hybridflow_lab.controller.mesh import Mesh
+from hybridflow_lab.controller.worker import Worker, WorkerContext
+from hybridflow_lab.protocol import DataBatch, payload_nbytes
+from hybridflow_lab.telemetry import Phase, Span
+
+
+class Role:
+    """A worker class and its constructor arguments: ``Role(ActorWorker, config, lr=1e-5)``."""
+
+    __slots__ = ("args", "cls", "kwargs")
+
+    def __init__(self, cls: type[Worker], /, *args: Any, **kwargs: Any) -> None:
+        if not (isinstance(cls, type) and issubclass(cls, Worker)):
+            raise TypeError(f"a role needs a Worker subclass, got {cls!r}")
+        self.cls, self.args, self.kwargs = cls, args, kwargs
+
+    def __repr__(self) -> str:
+        return f"Role({self.cls.__name__})"
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Everything a rank process needs to know before it starts."""
+
+    group: str
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    backend: str
+    meshes: dict[str, Mesh]
+    use_gpu: bool = False
+    threads: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    collective_timeout_s: float = 600.0
+
+
+class RankHost:
+    """Hosts every role of one rank in one process (colocation) and executes registered calls."""
+
+    def __init__(self, info: RankInfo) -> None:
+        os.environ.update(info.env)
+        if info.threads:
+            torch.set_num_threads(info.threads)
+        self.info = info
+        self.roles: dict[str, Worker] = {}
+        self.contexts: dict[str, WorkerContext] = {}
+        # local parts are the producer's own objects: copy them as a process boundary would
+        self._fetch: Callable[[list[Any]], list[Any]] = ray.get if info.backend == "ray" else copy.deepcopy
+
+    def endpoint(self) -> tuple[str, int]:
+        """This node's address and a free port: the rendezvous point when this is rank 0."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address() if self.info.backend == "ray" else "127.0.0.1", port
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id() if self.info.backend == "ray" else "local"
+
+    def clock(self) -> float:
+        return time.time()
+
+    def start(self, master: tuple[str, int] | None, roles: dict[str, Role]) -> None:
+        """Join the group's process group, build its meshes, then construct every role."""
+        info = self.info
+        device = self._device()
+        distributed = self._init_distributed(master, device)
+        device_meshes = self._build_device_meshes(device) if distributed else {}
+        for name, spec in roles.items():
+            context = WorkerContext(
+                group=info.group, role=name, rank=info.rank, world_size=info.world_size,
+                local_rank=info.local_rank, local_world_size=info.local_world_size, device=device,
+                backend=info.backend, meshes=info.meshes, distributed=distributed, device_meshes=device_meshes,
+            )
+            try:
+                worker = spec.cls.__new__(spec.cls)
+                worker._context = context
+                worker.__init__(*spec.args, **spec.kwargs)
+            except Exception as exc:
+                raise self._error(name, "__init__", exc) from exc
+            self.roles[name], self.contexts[name] = worker, context
+
+    def _device(self) -> str:
+        if not self.info.use_gpu:
+            return "cpu"
+        if self.info.backend == "ray":
+            torch.cuda.set_device(0)  # ray exposes exactly the GPU of this rank's bundle
+            return "cuda:0"
+        return f"cuda:{torch.cuda.current_device()}"
+
+    def _init_distributed(self, master: tuple[str, int] | None, device: str) -> bool:
+        info = self.info
+        if info.backend == "local":
+            if info.world_size > 1:
+                return False  # ranks run one after another: collectives would deadlock
+            if not dist.is_initialized():
+                dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            return True
+        assert master is not None
+        addr, port = master
+        os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(info.rank),
+                          WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(info.local_rank),
+                          LOCAL_WORLD_SIZE=str(info.local_world_size))
+        backend = "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=info.rank,
+                                world_size=info.world_size, timeout=timedelta(seconds=info.collective_timeout_s))
+        return True
+
+    def _build_device_meshes(self, device: str) -> dict[str, Any]:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        kind = device.split(":")[0]
+        return {
+            name: DeviceMesh(kind, torch.tensor(mesh.layout()).view(mesh.shape), mesh_dim_names=mesh.names)
+            for name, mesh in self.info.meshes.items()
+        }
+
+    @ray.method(num_returns=2)
+    def execute(self, role: str, method: str, /, *raw_args: Any, **raw_kwargs: Any) -> tuple[Any, list[Span]]:
+        """Run ``role.method`` on this rank; returns its result and the spans recorded meanwhile.
+
+        Arguments are passed flat so that Ray resolves object refs among them before the call;
+        rows held by another group (``RemoteRows``) are fetched here, in a TRANSFER span.
+        """
+        recorder = self.contexts[role].recorder
+        where = {"group": self.info.group, "role": role, "rank": self.info.rank}
+        spans: list[Span] = []
+        try:
+            fetch_start = time.time()
+            args = tuple(self._resolve(a) for a in raw_args)
+            kwargs = {k: self._resolve(v) for k, v in raw_kwargs.items()}
+            start = time.time()
+            bytes_in = payload_nbytes(args) + payload_nbytes(kwargs)
+            remote = [new for new, old in zip((*args, *kwargs.values()), (*raw_args, *raw_kwargs.values()), strict=True)
+                      if isinstance(old, RemoteRows)]
+            if remote:
+                spans.append(Span(f"{method}:fetch", Phase.TRANSFER, fetch_start, start,
+                                  bytes_moved=payload_nbytes(remote), **where))
+            result = getattr(self.roles[role], method)(*args, **kwargs)
+        except Exception as exc:
+            recorder.drain()
+            raise self._error(role, method, exc) from exc
+        end = time.time()
+        bytes_out = payload_nbytes(result)
+        spans.append(Span(method, Phase.EXECUTE, start, end, bytes_moved=bytes_in + bytes_out,
+                          attrs={"bytes_in": bytes_in, "bytes_out": bytes_out}, **where))
+        spans += [replace(s, **where) for s in recorder.drain()]
+        return result, spans
+
+    def _resolve(self, value: Any) -> Any:
+        if not isinstance(value, RemoteRows):
+            return value
+        parts = self._fetch(value.parts)
+        for part in parts:
+            if not isinstance(part, DataBatch):
+                raise TypeError(f"expected DataBatch rows from {value.source}, got a {type(part).__name__}")
+        return parts[0] if len(parts) == 1 else DataBatch.concat(parts)
+
+    def _error(self, role: str, method: str, exc: Exception) -> WorkerCallError:
+        return WorkerCallError(self.info.group, role, self.info.rank, method, f"{type(exc).__name__}: {exc}",
+                               traceback.format_exc())
+
+    def shutdown(self) -> None:
+        """Leave the process group (ray backend; the local backend shares the controller's)."""
+        if self.info.backend == "ray" and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,1 @@
+"""Small runnable demos (``hybridflow-lab demo``)."""

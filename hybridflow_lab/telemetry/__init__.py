@@ -1,0 +1,9 @@
+"""Telemetry: spans recorded by the controller and the workers, the store, and sinks."""
+
+from hybridflow_lab.telemetry.sinks import JsonlSink, read_jsonl
+from hybridflow_lab.telemetry.spans import CONTROLLER_RANK, Phase, Span, SpanRecorder
+from hybridflow_lab.telemetry.store import TelemetryStore, default_store
+from hybridflow_lab.telemetry.summary import span_table
+
+__all__ = ["CONTROLLER_RANK", "JsonlSink", "Phase", "Span", "SpanRecorder", "TelemetryStore", "default_store",
+           "read_jsonl", "span_table"]

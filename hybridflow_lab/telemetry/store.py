@@ -1,0 +1,96 @@
+"""The controller's telemetry store: every span of a session, with listeners and sinks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+from hybridflow_lab.telemetry.spans import Phase, Span
+
+Listener = Callable[[list[Span]], None]
+
+
+class TelemetryStore:
+    """Thread-safe span store. Keeps the newest ``max_spans`` in memory; sinks see every span."""
+
+    def __init__(self, max_spans: int = 200_000) -> None:
+        self._spans: deque[Span] = deque(maxlen=max_spans)
+        self._lock = threading.Lock()
+        self._listeners: list[Listener] = []
+        self._pollers: list[Callable[[], None]] = []
+        self.step: int | None = None
+
+    def record(self, spans: Iterable[Span]) -> None:
+        """Add spans; a span without a step gets the store's current step."""
+        batch = [s if s.step is not None or self.step is None else replace(s, step=self.step) for s in spans]
+        if not batch:
+            return
+        with self._lock:
+            self._spans.extend(batch)
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(batch)
+
+    def spans(self, **where: Any) -> list[Span]:
+        """Spans whose fields equal ``where`` (e.g. ``phase=Phase.EXECUTE, group="actor"``)."""
+        self.poll()
+        with self._lock:
+            snapshot = list(self._spans)
+        return [s for s in snapshot if all(getattr(s, k) == v for k, v in where.items())]
+
+    def poll(self) -> None:
+        """Ask the pollers (worker groups with results in flight) to deliver what has arrived."""
+        for poller in list(self._pollers):
+            poller()
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener`` with each newly recorded list of spans; returns an unsubscribe function."""
+        with self._lock:
+            self._listeners.append(listener)
+        return lambda: self._remove(self._listeners, listener)
+
+    def add_poller(self, poller: Callable[[], None]) -> Callable[[], None]:
+        self._pollers.append(poller)
+        return lambda: self._remove(self._pollers, poller)
+
+    def _remove(self, items: list[Any], item: Any) -> None:
+        with self._lock:
+            if item in items:
+                items.remove(item)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._spans.clear()
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    @contextmanager
+    def stage(self, name: str, **attrs: Any) -> Iterator[dict[str, Any]]:
+        """Record a controller-side STAGE span around the body; the yielded dict adds attrs."""
+        extra: dict[str, Any] = dict(attrs)
+        start = time.time()
+        try:
+            yield extra
+        finally:
+            moved = int(extra.pop("bytes_moved", 0))
+            self.record([Span(name, Phase.STAGE, start, time.time(), bytes_moved=moved, attrs=extra)])
+
+    def to_pandas(self) -> Any:
+        """All spans as a DataFrame (one row per span)."""
+        import pandas as pd
+
+        return pd.DataFrame([s.to_dict() for s in self.spans()])
+
+
+_default_store = TelemetryStore()
+
+
+def default_store() -> TelemetryStore:
+    """The process-wide store that worker groups use unless given another."""
+    return _default_store

@@ -1,0 +1,76 @@
+"""Ray-only behaviour: real collectives, start-up failures, validation before start, no leaked actors."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import pytest
+import torch
+
+from hybridflow_lab import DataBatch
+from hybridflow_lab.controller import Mesh, ResourcePool, WorkerCallError, WorkerGroup, WorkerGroupClosed
+from hybridflow_lab.controller.cluster import alive_actors
+from tests.workers import BrokenInit, Echo, MeshWorker
+
+
+@pytest.fixture
+def no_leaks(ray_cluster):
+    """Fail the test if it leaves rank processes running."""
+    before = alive_actors()
+    yield
+    deadline = time.time() + 10  # ray.kill is asynchronous
+    while alive_actors() != before and time.time() < deadline:
+        time.sleep(0.1)
+    assert alive_actors() == before
+
+
+def test_gloo_all_reduce_over_four_ranks_and_tp_subgroups(no_leaks):
+    with WorkerGroup(MeshWorker, ResourcePool(4), meshes={"train": Mesh.of(dp=2, tp=2)}) as group:
+        assert group.all_reduce(1.0) == [10.0] * 4  # 1 + 2 + 3 + 4
+        out = group.tp_sum(DataBatch({"x": torch.ones(4)}))
+        assert out["x"].tolist() == [3.0] * 4  # tp coordinates 0 and 1, plus one each
+
+
+def test_failing_constructor_names_the_rank_and_leaves_nothing_running(no_leaks):
+    with pytest.raises(WorkerCallError) as info:
+        WorkerGroup(BrokenInit, ResourcePool(2), name="broken")
+    assert info.value.rank == 1 and info.value.method == "__init__"
+    assert "RuntimeError: cannot start rank 1" in str(info.value)
+
+
+def test_bad_layouts_fail_before_any_worker_starts(no_leaks):
+    with pytest.raises(ValueError, match=r"mesh 'train' \(dp=2 x tp=4\) covers 8 ranks but the group has 4"):
+        WorkerGroup(MeshWorker, ResourcePool(4), meshes={"train": Mesh.of(dp=2, tp=4)})
+    with pytest.raises(ValueError, match=r"tag_rows uses Dispatch.MESH\('train'\): the group has no mesh named"):
+        WorkerGroup(MeshWorker, ResourcePool(4))
+
+
+def test_rebuilding_a_named_group_replaces_the_old_one(no_leaks):
+    first = WorkerGroup(Echo, ResourcePool(2), name="cell")
+    first_pids = {w["pid"] for w in first.where()}
+    second = WorkerGroup(Echo, ResourcePool(2), name="cell")  # re-running the notebook cell
+    assert first.closed and not second.closed
+    with pytest.raises(WorkerGroupClosed, match=r"'cell' was shut down"):
+        first.where()
+    assert first_pids.isdisjoint({w["pid"] for w in second.where()})
+    second.shutdown()
+
+
+def test_dropping_the_last_reference_stops_the_ranks(no_leaks):
+    group = WorkerGroup(Echo, ResourcePool(2))
+    assert len(alive_actors()) >= 2
+    del group
+    gc.collect()
+
+
+def test_pool_too_big_for_the_cluster_says_so(ray_cluster, no_leaks):
+    with pytest.raises(RuntimeError, match=r"needs 64 CPU \(64 slots x 1\) but the whole Ray cluster has 16"):
+        ResourcePool(64).placement_groups()
+    hog = ResourcePool(int(ray_cluster.available_resources()["CPU"]))  # everything that is free
+    hog.placement_groups()
+    try:
+        with pytest.raises(RuntimeError, match=r"could not reserve \[2\] slots.*0 of 16 CPU free"):
+            ResourcePool(2).placement_groups(timeout_s=1)
+    finally:
+        hog.release()
