@@ -32,6 +32,32 @@ def test_gloo_all_reduce_over_four_ranks_and_tp_subgroups(no_leaks):
         assert out["x"].tolist() == [3.0] * 4  # tp coordinates 0 and 1, plus one each
 
 
+def test_failure_while_peers_wait_in_a_collective_is_reported_promptly(no_leaks):
+    group = WorkerGroup(MeshWorker, ResourcePool(4), meshes={"train": Mesh.of(dp=4)})
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkerCallError) as info:
+            group.fail_while_peers_reduce(1)
+        assert time.monotonic() - start < 10  # not the 600 s collective timeout
+        assert info.value.rank == 1 and info.value.still_running == (0, 2, 3)
+        assert "were still running" in str(info.value)
+    finally:
+        group.shutdown()  # the peers are stuck in the all-reduce: killing them must still work
+
+
+def test_groups_on_one_pool_share_its_slots_and_other_pools_are_apart(no_leaks):
+    shared = ResourcePool(2)
+    first, second = WorkerGroup(Echo, shared), WorkerGroup(Echo, shared)
+    apart = WorkerGroup(Echo, ResourcePool(2))
+    try:
+        (reservation,) = set(first.placement_group())
+        assert second.placement_group() == [reservation] * 2  # both groups run in the pool's reservation
+        assert reservation not in apart.placement_group()
+    finally:
+        for group in (first, second, apart):
+            group.shutdown()
+
+
 def test_failing_constructor_names_the_rank_and_leaves_nothing_running(no_leaks):
     with pytest.raises(WorkerCallError) as info:
         WorkerGroup(BrokenInit, ResourcePool(2), name="broken")

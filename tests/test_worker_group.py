@@ -45,9 +45,10 @@ def test_one_to_all_reaches_every_rank(echo):
         assert pids == {os.getpid()}  # in-process: a breakpoint in the worker stops the notebook
 
 
-def test_rank_zero_and_all_to_all(echo):
+def test_rank_zero_all_to_all_and_a_user_registered_mode(echo):
     assert echo.rank_zero_only(7) == (0, 7)
     assert echo.per_rank([10, 11, 12, 13]) == [(0, 10), (1, 11), (2, 12), (3, 13)]
+    assert echo.rank_again() == [3, 2, 1, 0]  # REVERSED_TEST, registered in tests/workers.py
 
 
 def test_dp_compute_pads_splits_and_restores_order(echo):

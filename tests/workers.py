@@ -8,7 +8,14 @@ import torch
 import torch.distributed as dist
 
 from hybridflow_lab import DataBatch
-from hybridflow_lab.controller import Dispatch, Execute, Worker, register
+from hybridflow_lab.controller import Dispatch, Execute, Worker, register, register_dispatch_mode
+
+# a user-registered transfer protocol: same call on every rank, results in reverse rank order
+REVERSED = register_dispatch_mode(
+    "REVERSED_TEST",
+    lambda layout, args, kwargs: [(args, kwargs)] * layout.world_size,
+    lambda layout, outputs: outputs[::-1],
+)
 
 
 class Echo(Worker):
@@ -63,6 +70,17 @@ class Echo(Worker):
             raise ValueError(f"rank {rank} was told to fail")
         return self.rank
 
+    @register(Dispatch.ONE_TO_ALL)
+    def placement_group(self) -> str:
+        """The Ray placement group (the resource pool's reservation) this rank runs in."""
+        import ray
+
+        return ray.get_runtime_context().get_placement_group_id()
+
+    @register(REVERSED)
+    def rank_again(self) -> int:
+        return self.rank
+
     @register(Dispatch.DP_COMPUTE)
     def timed(self, batch: DataBatch) -> DataBatch:
         with self.span("inner", bytes_moved=123, note="hello"):
@@ -98,6 +116,15 @@ class MeshWorker(Worker):
         tensor = torch.tensor([value * (self.rank + 1)])
         dist.all_reduce(tensor)
         return tensor.item()
+
+
+    @register(Dispatch.ONE_TO_ALL)
+    def fail_while_peers_reduce(self, rank: int) -> float:
+        if self.rank == rank:
+            raise RuntimeError("gave up before the all-reduce")
+        value = torch.ones(1)
+        dist.all_reduce(value)  # never completes: the failed rank does not join
+        return value.item()
 
 
 class Actor(Worker):

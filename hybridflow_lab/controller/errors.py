@@ -9,7 +9,8 @@ class WorkerCallError(RuntimeError):
     """A worker rank failed while running a registered method (or its constructor).
 
     Carries the group, role, rank and method, the remote error and its traceback; ``others``
-    lists further ranks that failed in the same call.
+    lists further ranks that failed in the same call and ``still_running`` the ranks that had
+    not finished when the failure was reported (peers blocked in a collective, typically).
     """
 
     def __init__(
@@ -21,13 +22,16 @@ class WorkerCallError(RuntimeError):
         error: str,
         remote_traceback: str = "",
         others: Sequence[int] = (),
+        still_running: Sequence[int] = (),
     ) -> None:
-        super().__init__(group, role, rank, method, error, remote_traceback, tuple(others))
+        super().__init__(group, role, rank, method, error, remote_traceback, tuple(others), tuple(still_running))
         self.group, self.role, self.rank, self.method = group, role, rank, method
-        self.error, self.remote_traceback, self.others = error, remote_traceback, tuple(others)
+        self.error, self.remote_traceback = error, remote_traceback
+        self.others, self.still_running = tuple(others), tuple(still_running)
 
-    def with_others(self, others: Sequence[int]) -> WorkerCallError:
-        return WorkerCallError(self.group, self.role, self.rank, self.method, self.error, self.remote_traceback, others)
+    def with_others(self, others: Sequence[int], still_running: Sequence[int] = ()) -> WorkerCallError:
+        return WorkerCallError(self.group, self.role, self.rank, self.method, self.error, self.remote_traceback,
+                               others, still_running)
 
     def __str__(self) -> str:
         also = f" (ranks {', '.join(map(str, self.others))} failed too)" if self.others else ""
@@ -35,6 +39,9 @@ class WorkerCallError(RuntimeError):
             f"worker group {self.group!r}, role {self.role!r}, rank {self.rank} failed in "
             f"{self.method!r}{also}: {self.error}"
         )
+        if self.still_running:
+            text += (f"\nranks {', '.join(map(str, self.still_running))} were still running (waiting in a "
+                     "collective?); shut the group down or rebuild it")
         if self.remote_traceback:
             text += f"\n--- traceback from rank {self.rank} ---\n{self.remote_traceback.rstrip()}"
         return text

@@ -91,21 +91,20 @@ class RayRanks:
         running, the ranks that finished are checked for errors every ``poll_s`` seconds, so a
         failed rank is reported even when its peers hang in a collective waiting for it.
         """
-        refs = [h.result for h in handles] + [h.spans for h in handles]
+        results = [h.result for h in handles]
         while True:
             try:
-                values = ray.get(refs, timeout=self.poll_s)
-            except GetTimeoutError:
-                ready, _ = ray.wait(refs[: len(handles)], num_returns=len(handles), timeout=0)
-            except RayError:
-                ready = refs[: len(handles)]
+                values = ray.get(results + [h.spans for h in handles], timeout=self.poll_s)
+            except RayError:  # a timeout or a failed rank: look at the ranks that finished
+                ready, _ = ray.wait(results, num_returns=len(results), timeout=0)
             else:
-                results, span_lists = values[: len(handles)], values[len(handles) :]
-                return results, self._aligned(handles, span_lists)
+                return values[: len(handles)], self._aligned(handles, values[len(handles) :])
             failures = self._failures(handles, ready, role, method)
             if failures:
                 self.spans(handles, block=False)  # fetch what arrived so Ray does not report it unhandled
-                raise failures[0].with_others([f.rank for f in failures[1:]])
+                done = {ref.hex() for ref in ready}
+                running = [h.rank for h in handles if h.result.hex() not in done]
+                raise failures[0].with_others([f.rank for f in failures[1:]], running)
 
     def _failures(
         self, handles: Sequence[RankHandle], ready: list[Any], role: str, method: str
@@ -117,7 +116,9 @@ class RayRanks:
                 continue
             try:
                 ray.get(handle.result, timeout=0)
-            except (RayError, GetTimeoutError) as exc:
+            except GetTimeoutError:
+                continue
+            except RayError as exc:
                 failures.append(self._as_worker_error(exc, handle.rank, role, method))
         return failures
 
