@@ -15,10 +15,10 @@ def ray_cluster():
     import ray
     import ray.cloudpickle
 
+    import tests
     from hybridflow_lab.controller import init_cluster, shutdown_cluster
-    from tests import workers
 
-    ray.cloudpickle.register_pickle_by_value(workers)
+    ray.cloudpickle.register_pickle_by_value(tests)  # and its submodules: the test worker classes
     init_cluster(num_cpus=16, log_to_driver=False)
     yield ray
     shutdown_cluster()

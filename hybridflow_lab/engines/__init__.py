@@ -1,0 +1,32 @@
+"""Training engines (torch, DeepSpeed ZeRO, FSDP2) and rollout engines (built-in torch, vLLM)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from hybridflow_lab.engines.sampling import SamplingParams
+from hybridflow_lab.engines.train_base import OptimConfig, TrainEngine
+
+TRAIN_BACKENDS = ("torch", "deepspeed", "fsdp")
+
+
+def build_train_engine(backend: str, model: nn.Module, optim: OptimConfig, *, zero_stage: int = 2,
+                       micro_batch_size: int = 1, micro_batches_per_step: int = 1, offload: bool = False,
+                       bf16: bool = False) -> TrainEngine:
+    """The training engine named ``backend`` around ``model`` (collective when several ranks run it)."""
+    if backend == "torch":
+        from hybridflow_lab.engines.torch_engine import TorchEngine
+
+        return TorchEngine(model, optim)
+    if backend == "deepspeed":
+        from hybridflow_lab.engines.deepspeed_engine import DeepSpeedEngine
+
+        return DeepSpeedEngine(model, optim, zero_stage, micro_batch_size, micro_batches_per_step, offload, bf16)
+    if backend == "fsdp":
+        from hybridflow_lab.engines.fsdp_engine import FSDPEngine
+
+        return FSDPEngine(model, optim, offload=offload, bf16=bf16)
+    raise ValueError(f"unknown training backend {backend!r}; backends: {', '.join(TRAIN_BACKENDS)}")
+
+
+__all__ = ["TRAIN_BACKENDS", "OptimConfig", "SamplingParams", "TrainEngine", "build_train_engine"]

@@ -1,0 +1,111 @@
+"""DeepSpeed ZeRO stages 1, 2 and 3 (optionally offloaded to CPU), with a torch AdamW.
+
+A torch optimizer object avoids DeepSpeed's fused-Adam build; on CPU (``DS_ACCELERATOR=cpu``)
+we also skip its shared-memory all-reduce op, which only serves inference and takes minutes
+to compile. Gradients are averaged over the whole world (DeepSpeed's data-parallel group).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hybridflow_lab.engines.train_base import OptimConfig, TrainEngine, build_optimizer, build_scheduler
+
+CHECKPOINT_TAG = "checkpoint"
+
+
+def import_deepspeed() -> ModuleType:
+    """Import DeepSpeed for this machine (CPU accelerator when there is no GPU)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    import deepspeed
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # inference-only op, minutes to build
+    return deepspeed
+
+
+def deepspeed_config(optim: OptimConfig, zero_stage: int, micro_batch_size: int, micro_batches_per_step: int,
+                     offload: bool, bf16: bool) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": zero_stage}
+    if offload:
+        zero["offload_optimizer"] = {"device": "cpu"}
+        if zero_stage == 3:
+            zero["offload_param"] = {"device": "cpu"}
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": micro_batches_per_step,
+        "gradient_clipping": optim.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16},
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,  # keep the torch AdamW when offloading
+        "steps_per_print": 2**31,
+    }
+
+
+class DeepSpeedEngine(TrainEngine):
+    """ZeRO-sharded training; ``micro_batches_per_step`` is fixed for the engine's lifetime."""
+
+    name = "deepspeed"
+
+    def __init__(self, model: nn.Module, optim: OptimConfig, zero_stage: int = 2, micro_batch_size: int = 1,
+                 micro_batches_per_step: int = 1, offload: bool = False, bf16: bool = False) -> None:
+        if zero_stage not in (1, 2, 3):
+            raise ValueError(f"zero_stage must be 1, 2 or 3, got {zero_stage}")
+        super().__init__(None)
+        self.deepspeed = import_deepspeed()
+        self.zero_stage = zero_stage
+        self.micro_batches_per_step = micro_batches_per_step
+        optimizer = build_optimizer(model.parameters(), optim)
+        config = deepspeed_config(optim, zero_stage, micro_batch_size, micro_batches_per_step, offload, bf16)
+        self.engine, self.optimizer, _, self.scheduler = self.deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=build_scheduler(optimizer, optim), config=config,
+            dist_init_required=False,
+        )
+        self.module = self.engine
+
+    @property
+    def model(self) -> nn.Module:
+        return self.engine.module
+
+    def _check_micro_batches(self, count: int) -> None:
+        if count != self.micro_batches_per_step:
+            raise ValueError(f"the DeepSpeed engine was built for {self.micro_batches_per_step} micro-batches per "
+                             f"step, got {count}")
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)
+        if not self.engine.is_gradient_accumulation_boundary():
+            self.engine.step()  # only counts the micro-step; the real step is _optimizer_step
+
+    def _optimizer_step(self) -> float:
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def current_lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        if self.zero_stage < 3:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        params = list(self.model.parameters())
+        with self.deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        self.engine.save_checkpoint(str(path), tag=CHECKPOINT_TAG, client_state={"global_step": self.global_step})
+        dist.barrier()
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        if not (Path(path) / CHECKPOINT_TAG).is_dir():
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {path}")
+        _, client_state = self.engine.load_checkpoint(str(path), tag=CHECKPOINT_TAG)
+        self.global_step = int(client_state["global_step"])

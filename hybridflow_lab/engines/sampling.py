@@ -1,0 +1,60 @@
+"""Sampling parameters and the token-level maths shared by generation and training."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token; ``n`` samples per prompt."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    greedy: bool = False
+    n: int = 1
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # besides the tokenizer's EOS
+    ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature <= 0 and not self.greedy:
+            raise ValueError(f"temperature must be > 0 (or set greedy=True), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 or self.n < 1:
+            raise ValueError(f"top_k must be >= 0 and n >= 1, got top_k={self.top_k}, n={self.n}")
+
+
+def log_probs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(token) under softmax(logits / temperature), in float32; ``logits[..., v]`` and ``tokens[...]``."""
+    scaled = logits.float() / temperature if temperature != 1.0 else logits.float()
+    return torch.gather(scaled.log_softmax(-1), -1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) per position."""
+    log_p = (logits.float() / temperature).log_softmax(-1)
+    return -(log_p.exp() * log_p).sum(-1)
+
+
+def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row from ``[batch, vocab]`` logits (temperature, then top-k, then top-p)."""
+    if params.greedy:
+        return logits.argmax(-1)
+    scores = logits.float() / params.temperature
+    if params.top_k and params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = scores.sort(dim=-1, descending=True)
+        cumulative = sorted_scores.softmax(-1).cumsum(-1)
+        drop_sorted = cumulative - sorted_scores.softmax(-1) >= params.top_p  # keep the token that crosses top_p
+        scores = scores.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(-1)

@@ -1,0 +1,109 @@
+"""The built-in generation engine: batched prefill, then one-token decoding over a KV cache.
+
+Runs any ``DecoderLM`` in place (no copy of the weights), on CPU or GPU. Prompts arrive
+left-padded; rows that finish are dropped from the batch so later steps compute only the
+live ones.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybridflow_lab.engines.sampling import SamplingParams, log_probs_from_logits, sample_next
+from hybridflow_lab.models.decoder import DecoderLM
+from hybridflow_lab.models.kv_cache import KVCache
+
+
+@torch.inference_mode()
+def generate(
+    model: DecoderLM,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    params: SamplingParams,
+    eos_token_id: int | None,
+    pad_token_id: int,
+) -> dict[str, torch.Tensor]:
+    """Sample ``params.n`` responses per left-padded prompt.
+
+    Returns ``responses`` and ``response_mask`` (``[batch * n, max_new_tokens]``, 1 up to and
+    including the stop token), ``log_probs`` of the sampled tokens under softmax(logits /
+    temperature), and ``prompt_ids`` / ``prompt_mask`` repeated to match.
+    """
+    if params.n > 1:
+        prompt_ids = prompt_ids.repeat_interleave(params.n, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(params.n, dim=0)
+    batch, prompt_len = prompt_ids.shape
+    device = prompt_ids.device
+    stops = torch.tensor([*params.stop_token_ids, *([] if params.ignore_eos or eos_token_id is None
+                                                     else [eos_token_id])], dtype=torch.long, device=device)
+    generator = torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
+    dtype = next(model.parameters()).dtype
+    cache = KVCache(model.config, batch, prompt_len + params.max_new_tokens, dtype, device)
+
+    responses = torch.full((batch, params.max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    log_probs = torch.zeros(batch, params.max_new_tokens, dtype=torch.float32, device=device)
+    lengths = torch.full((batch,), params.max_new_tokens, dtype=torch.long, device=device)
+    live = torch.arange(batch, device=device)  # original row of each row still in the cache
+
+    logits = model(prompt_ids, prompt_mask, cache=cache, keep_last=1)[:, 0]
+    for step in range(params.max_new_tokens):
+        tokens = sample_next(logits, params, generator)
+        responses[live, step] = tokens
+        log_probs[live, step] = log_probs_from_logits(logits, tokens, params.temperature)
+        done = torch.isin(tokens, stops)
+        if bool(done.any()):
+            lengths[live[done]] = step + 1
+            keep = (~done).nonzero().squeeze(-1)
+            if keep.numel() == 0:
+                break
+            live, tokens = live[keep], tokens[keep]
+            cache.keep_rows(keep)
+        if step + 1 < params.max_new_tokens:
+            logits = model(tokens[:, None], cache=cache, keep_last=1)[:, 0]
+
+    steps = torch.arange(params.max_new_tokens, device=device)
+    response_mask = (steps[None, :] < lengths[:, None]).long()
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "responses": responses.masked_fill(response_mask == 0, pad_token_id),
+        "response_mask": response_mask,
+        "log_probs": log_probs * response_mask,
+    }
+
+
+def sequences_batch(out: dict[str, torch.Tensor], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """The training layout of generated sequences: ``prompt | response`` with masks and positions."""
+    prompt_mask, response_mask = out["prompt_mask"], out["response_mask"]
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    return {
+        "prompts": out["prompt_ids"],
+        "responses": out["responses"],
+        "response_mask": response_mask,
+        "input_ids": torch.cat([out["prompt_ids"], out["responses"]], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "rollout_log_probs": out["log_probs"],
+    }
+
+
+class TorchRollout:
+    """Generation with the built-in engine on a model that lives elsewhere (the actor's, shared)."""
+
+    def __init__(self, model: DecoderLM, params: SamplingParams, eos_token_id: int | None, pad_token_id: int) -> None:
+        self.model = model
+        self.params = params
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+
+    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 params: SamplingParams | None = None) -> dict[str, torch.Tensor]:
+        """Responses for left-padded prompts, in the layout ``sequences_batch`` describes."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = generate(self.model, prompt_ids, prompt_mask, params or self.params, self.eos_token_id,
+                           self.pad_token_id)
+        finally:
+            self.model.train(was_training)
+        return sequences_batch(out, self.pad_token_id)

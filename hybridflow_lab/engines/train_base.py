@@ -1,0 +1,155 @@
+"""The training-engine interface shared by the torch, DeepSpeed and FSDP2 backends.
+
+An engine owns a model wrapped for its backend, the optimizer and the learning-rate
+schedule. ``train_step`` runs one optimizer step over a list of micro-batches: every
+micro-batch's loss is a *sum* over its units (tokens or sequences) and is scaled by the
+number of units across all micro-batches and all data-parallel ranks, so the gradient is
+exactly the global mean whatever the split: the same as one process on the whole batch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hybridflow_lab.protocol import DataBatch
+
+# loss_fn(module, micro_batch) -> (loss summed over units, metrics summed over units)
+LossFn = Callable[[nn.Module, DataBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+CountFn = Callable[[DataBatch], float]
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warm-up, then constant or cosine decay; gradient clipping by global norm."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    schedule: str = "constant"  # or "cosine"
+    total_steps: int = 0  # needed by "cosine"
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"optim.schedule must be 'constant' or 'cosine', got {self.schedule!r}")
+        if self.schedule == "cosine" and self.total_steps <= 0:
+            raise ValueError("optim.schedule='cosine' needs optim.total_steps > 0")
+
+
+def build_optimizer(params: Iterator[nn.Parameter], config: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, eps=config.eps,
+                             weight_decay=config.weight_decay)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    def factor(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        if config.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - config.warmup_steps) / max(1, config.total_steps - config.warmup_steps))
+        return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class TrainEngine(ABC):
+    """A model being trained with one backend; ``module`` is what to call for a forward pass."""
+
+    name = "base"
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.dp_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.global_step = 0
+
+    module: nn.Module
+
+    @property
+    @abstractmethod
+    def model(self) -> nn.Module:
+        """The unwrapped model (its ``config``, its parameter names)."""
+
+    @abstractmethod
+    def _backward(self, loss: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def _optimizer_step(self) -> float:
+        """Clip, step the optimizer and the schedule, zero the gradients; returns the gradient norm."""
+
+    def _check_micro_batches(self, count: int) -> None:  # noqa: B027 - an optional hook
+        """Backends with a fixed accumulation count reject other counts."""
+
+    def _accumulating(self, last: bool) -> AbstractContextManager[Any]:
+        """Context for one micro-batch's backward; non-last ones may skip the gradient all-reduce."""
+        return nullcontext()
+
+    @abstractmethod
+    def current_lr(self) -> float: ...
+
+    @abstractmethod
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) weights on every rank, e.g. for a rollout engine; collective."""
+
+    @abstractmethod
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Weights, optimizer and schedule state under ``path`` (a directory); collective."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> None: ...
+
+    # ------------------------------------------------------------------ shared logic
+    @torch.no_grad()
+    def infer(self, micro_batches: Sequence[DataBatch], fn: Callable[[nn.Module, DataBatch], Any]) -> list[Any]:
+        """``fn(module, micro_batch)`` for each micro-batch without gradients (log-probs, values)."""
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            return [fn(self.module, mb) for mb in micro_batches]
+        finally:
+            self.module.train(was_training)
+
+    def train_step(self, micro_batches: Sequence[DataBatch], loss_fn: LossFn, count_fn: CountFn) -> dict[str, float]:
+        """One optimizer step; returns the global mean loss and metrics, the gradient norm and the lr."""
+        if not micro_batches:
+            raise ValueError("train_step needs at least one micro-batch")
+        self._check_micro_batches(len(micro_batches))
+        self.module.train()
+        local = torch.tensor([float(sum(count_fn(mb) for mb in micro_batches))], dtype=torch.float64)
+        total = self._sum(local).item()
+        if total <= 0:
+            raise ValueError("train_step: the micro-batches hold no units to average over (empty masks?)")
+        scale = self.dp_size / total
+        sums: dict[str, torch.Tensor] = {}
+        for index, mb in enumerate(micro_batches):
+            with self._accumulating(last=index == len(micro_batches) - 1):
+                loss, metrics = loss_fn(self.module, mb)
+                self._backward(loss * scale)
+            for key, value in {"loss": loss, **metrics}.items():
+                sums[key] = sums.get(key, 0.0) + value.detach().double()
+        lr = self.current_lr()
+        grad_norm = self._optimizer_step()
+        self.global_step += 1
+        keys = sorted(sums)
+        totals = self._sum(torch.stack([torch.as_tensor(sums[k]).reshape(()) for k in keys]))
+        result = {k: float(v) / total for k, v in zip(keys, totals, strict=True)}
+        return {**result, "grad_norm": grad_norm, "lr": lr}
+
+    def _sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.dp_size > 1:
+            tensor = tensor.clone()
+            dist.all_reduce(tensor, group=self.group)
+        return tensor

@@ -1,0 +1,256 @@
+"""One decoder definition for Qwen2- and Llama-architecture models, for training and generation.
+
+Parameter names match ``transformers`` (``model.layers.0.self_attn.q_proj.weight``, ...), so HF
+checkpoints load with ``load_state_dict`` and our checkpoints load in ``transformers``. The
+model takes the HF config object itself. Generation passes a ``KVCache``; training passes an
+attention mask and gets per-position logits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from hybridflow_lab.models.kv_cache import KVCache
+
+SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
+
+
+def check_supported(config: PretrainedConfig) -> None:
+    """Raise a clear error for configs this decoder cannot run."""
+    if config.model_type not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"model_type {config.model_type!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    if getattr(config, "use_sliding_window", False):
+        raise ValueError("sliding-window attention is not supported (config.use_sliding_window=True)")
+    if config.hidden_act != "silu":
+        raise ValueError(f"hidden_act {config.hidden_act!r} is not supported; expected 'silu'")
+
+
+def head_dim(config: PretrainedConfig) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight  # as transformers
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding; frequencies from transformers' rope initialisers (default, llama3, ...)."""
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        rope = dict(getattr(config, "rope_parameters", None) or {"rope_type": "default"})
+        kind = rope.get("rope_type", "default")
+        if kind == "default":
+            dim = head_dim(config)
+            inv_freq = 1.0 / (rope.get("rope_theta", 10000.0) ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+            self.scaling = 1.0
+        elif kind in ROPE_INIT_FUNCTIONS and not kind.startswith("dynamic"):
+            inv_freq, self.scaling = ROPE_INIT_FUNCTIONS[kind](config, None)
+        else:
+            raise ValueError(f"rope_type {kind!r} is not supported")
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[..., None].float() * self.inv_freq
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return (angles.cos() * self.scaling).to(dtype), (angles.sin() * self.scaling).to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = head_dim(config)
+        qkv_bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
+        out_bias = config.model_type != "qwen2" and getattr(config, "attention_bias", False)
+        self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=out_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: KVCache | None,
+        layer: int,
+    ) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q = self.q_proj(x).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)
+        if length == 1:
+            out = decode_attention(q, k, v, mask)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=self.kv_heads != self.heads
+            )
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Attention of one new token per row over the cache, as two batched matmuls.
+
+    ``q`` is ``[batch, heads, 1, dim]``, ``k``/``v`` ``[batch, kv_heads, length, dim]``. Query
+    heads sharing a KV head are stacked so no key is repeated; for one query token this beats
+    the fused SDPA kernel on CPU, whose per-call cost dominates at this size.
+    """
+    batch, heads, _, dim = q.shape
+    kv_heads = k.shape[1]
+    grouped = q.view(batch, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(grouped, k.transpose(-1, -2)) * dim**-0.5  # [batch, kv_heads, group, length]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))  # mask is [batch, 1, 1, length]
+    out = torch.matmul(scores.softmax(-1), v)  # [batch, kv_heads, group, dim]
+    return out.view(batch, heads, 1, dim)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        bias = getattr(config, "mlp_bias", False)
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                cache: KVCache | None, layer: int) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """Embeddings, decoder layers and the final norm (HF's ``model.*``)."""
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        check_supported(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = Rotary(config)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Hidden states ``[batch, length, hidden]``.
+
+        Without a cache, ``attention_mask`` (1 = real token) may mark left and right padding;
+        positions then count real tokens only. With a cache, the cache tracks masks and positions.
+        """
+        if cache is not None:
+            position_ids, mask = cache.extend(attention_mask, input_ids.shape[1])
+        else:
+            if position_ids is None:
+                position_ids = positions_from_mask(attention_mask, input_ids)
+            mask = padded_causal_mask(attention_mask, input_ids.shape[1])
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(position_ids, x.dtype)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, mask, cache, index)
+        return self.norm(x)
+
+
+class DecoderLM(nn.Module):
+    """A causal language model: ``Backbone`` plus the ``lm_head``."""
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        keep_last: int = 0,
+    ) -> torch.Tensor:
+        """Logits ``[batch, length, vocab]``; only the last ``keep_last`` positions when it is > 0."""
+        hidden = self.model(input_ids, attention_mask, position_ids, cache)
+        return self.lm_head(hidden[:, -keep_last:] if keep_last else hidden)
+
+
+def positions_from_mask(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:
+    """Position of each token counting only real tokens (left padding does not shift positions)."""
+    if attention_mask is None:
+        return torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def padded_causal_mask(attention_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    """Boolean ``[batch, 1, length, length]`` mask: causal, padding keys hidden; None when nothing is padded.
+
+    Every query may see itself, so rows of padding positions never become all-masked (NaN).
+    """
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    causal = torch.ones(length, length, dtype=torch.bool, device=attention_mask.device).tril()
+    mask = causal & attention_mask.bool()[:, None, None, :]
+    return mask | torch.eye(length, dtype=torch.bool, device=attention_mask.device)
+
+
+def init_weights(model: nn.Module, std: float, seed: int) -> None:
+    """Deterministic initialisation: normal(0, std) for linear and embedding weights, zero biases."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * std)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+
+
+def describe(model: nn.Module) -> dict[str, Any]:
+    """Parameter counts (total and without embeddings / head), for logs and FLOP estimates."""
+    total = sum(p.numel() for p in model.parameters())
+    embed = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" in n or "lm_head" in n)
+    return {"parameters": total, "non_embedding_parameters": total - embed}

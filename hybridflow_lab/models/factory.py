@@ -1,0 +1,128 @@
+"""Tiny models built from a transformers config with a fixed seed, saved and loaded as HF directories."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, LlamaConfig, PretrainedConfig, PreTrainedTokenizerBase, Qwen2Config
+
+from hybridflow_lab.models.decoder import DecoderLM, check_supported, init_weights
+from hybridflow_lab.models.tokenizers import char_tokenizer
+
+# name -> (hidden, intermediate, layers, heads, kv heads); roughly 1M, 4M (the standard workload) and 11M
+SIZES: dict[str, tuple[int, int, int, int, int]] = {
+    "tiny": (128, 384, 4, 4, 2),
+    "standard": (256, 1024, 4, 4, 2),
+    "small": (384, 1152, 6, 6, 2),
+}
+CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {"qwen2": Qwen2Config, "llama": LlamaConfig}
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+
+
+def tiny_config(
+    size: str, arch: str, tokenizer: PreTrainedTokenizerBase, max_positions: int = 2048
+) -> PretrainedConfig:
+    """An HF config of a named size for ``arch`` ("qwen2" or "llama") and the tokenizer's vocabulary."""
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; sizes: {', '.join(SIZES)}")
+    if arch not in CONFIG_CLASSES:
+        raise ValueError(f"unknown architecture {arch!r}; architectures: {', '.join(CONFIG_CLASSES)}")
+    hidden, intermediate, layers, heads, kv_heads = SIZES[size]
+    return CONFIG_CLASSES[arch](
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+        tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, architectures=[f"{CONFIG_CLASSES[arch].__name__[:-6]}ForCausalLM"],
+    )
+
+
+def build_model(config: PretrainedConfig, seed: int = 0, std: float = 0.02) -> DecoderLM:
+    """A freshly initialised float32 model (same seed, same weights)."""
+    model = DecoderLM(config)
+    init_weights(model, std, seed)
+    return model
+
+
+def create_model_dir(
+    path: str | os.PathLike[str],
+    size: str = "tiny",
+    arch: str = "qwen2",
+    seed: int = 0,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> Path:
+    """Write a new model directory (config, safetensors weights, tokenizer) that transformers can load."""
+    tokenizer = tokenizer or char_tokenizer()
+    model = build_model(tiny_config(size, arch, tokenizer), seed)
+    return save_model_dir(model, path, tokenizer)
+
+
+def save_model_dir(model: torch.nn.Module, path: str | os.PathLike[str],
+                   tokenizer: PreTrainedTokenizerBase | None = None) -> Path:
+    """Save ``model`` (and ``tokenizer``) as an HF directory; tied weights are stored once."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(path)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    tmp = path / (WEIGHTS + ".tmp")
+    save_file(state, tmp, metadata={"format": "pt"})
+    os.replace(tmp, path / WEIGHTS)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    return path
+
+
+def load_config(path: str | os.PathLike[str]) -> PretrainedConfig:
+    """The HF config of a local model directory, with a clear error when it is missing."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        what = "does not exist" if not path.exists() else "has no config.json"
+        raise FileNotFoundError(
+            f"model path {str(path)!r} {what}; create one with hybridflow_lab.models.create_model_dir "
+            "or point at a local Hugging Face model directory (hub downloads are disabled)"
+        )
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    check_supported(config)
+    return config
+
+
+def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """All tensors of a model directory: one safetensors file or a sharded set with an index."""
+    path = Path(path)
+    if (path / WEIGHTS).is_file():
+        return load_file(path / WEIGHTS)
+    if (path / WEIGHTS_INDEX).is_file():
+        shards = sorted(set(json.loads((path / WEIGHTS_INDEX).read_text())["weight_map"].values()))
+        return {k: v for shard in shards for k, v in load_file(path / shard).items()}
+    raise FileNotFoundError(f"{path} has neither {WEIGHTS} nor {WEIGHTS_INDEX}")
+
+
+def load_causal_lm(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> DecoderLM:
+    """Load a Qwen2/Llama causal LM from a local HF directory into our decoder."""
+    model = DecoderLM(load_config(path))
+    load_weights(model, path)
+    return model.to(dtype)
+
+
+def load_weights(model: torch.nn.Module, path: str | os.PathLike[str]) -> None:
+    """Load a model directory's weights into ``model`` (a tied ``lm_head`` may be absent)."""
+    tied = ("lm_head.weight",) if getattr(model.config, "tie_word_embeddings", False) else ()
+    load_matching(model, read_weights(path), str(path), allow_missing=tied)
+
+
+def load_matching(model: torch.nn.Module, weights: dict[str, Any], source: str,
+                  allow_missing: tuple[str, ...] = (), ignore_unexpected: tuple[str, ...] = ()) -> None:
+    """``load_state_dict`` that names the missing and unexpected keys and their source."""
+    result = model.load_state_dict(weights, strict=False)
+    missing = [k for k in result.missing_keys if k not in allow_missing]
+    unexpected = [k for k in result.unexpected_keys if not k.startswith(ignore_unexpected)]
+    if missing or unexpected:
+        raise ValueError(f"weights in {source} do not match the model: missing {missing[:8]}, unexpected "
+                         f"{unexpected[:8]}")

@@ -1,0 +1,63 @@
+"""A decoder backbone with a scalar head: the critic (a value per token) and the reward model.
+
+Parameter names follow transformers' ``*ForSequenceClassification`` with one label
+(``model.*`` and ``score.weight``), so these models save and load as HF directories.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from hybridflow_lab.models.decoder import Backbone, init_weights
+from hybridflow_lab.models.factory import load_config, load_matching, read_weights
+
+
+class ScalarHeadModel(nn.Module):
+    """``forward`` gives one scalar per position ``[batch, length]``."""
+
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.score = nn.Linear(config.hidden_size, 1, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.score(self.model(input_ids, attention_mask, position_ids)).squeeze(-1)
+
+
+def scalar_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The config of a one-label sequence-classification model on the same backbone."""
+    config = copy.deepcopy(config)
+    config.num_labels = 1
+    config.architectures = [config.architectures[0].replace("ForCausalLM", "ForSequenceClassification")] \
+        if config.architectures else None
+    return config
+
+
+def load_scalar_model(path: str | os.PathLike[str], seed: int = 0) -> ScalarHeadModel:
+    """Load a scalar-head model; from a causal-LM directory the backbone loads and the head starts at zero.
+
+    Starting the critic from the policy's backbone is the usual PPO initialisation.
+    """
+    config = load_config(path)
+    weights = read_weights(path)
+    model = ScalarHeadModel(scalar_config(config))
+    if "score.weight" in weights:
+        load_matching(model, weights, str(path))
+    else:
+        init_weights(model.score, std=0.0, seed=seed)
+        load_matching(model, weights, str(path), allow_missing=("score.weight",), ignore_unexpected=("lm_head.",))
+    return model
+
+
+def last_token_scores(scores: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The scalar at each row's last real token (the reward model's score of the whole sequence)."""
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    last = (positions * attention_mask.bool()).argmax(-1)
+    return scores.gather(1, last[:, None]).squeeze(1)

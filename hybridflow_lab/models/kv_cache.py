@@ -1,0 +1,70 @@
+"""A preallocated key/value cache for batched generation of left-padded prompts."""
+
+from __future__ import annotations
+
+import torch
+from transformers import PretrainedConfig
+
+
+class KVCache:
+    """Keys and values of every layer, ``[batch, kv_heads, max_length, head_dim]`` each, written in place.
+
+    Prompts are left-padded to one length, so all rows write at the same cache index; the
+    cache keeps which slots hold real tokens and each row's next position id.
+    """
+
+    def __init__(self, config: PretrainedConfig, batch: int, max_length: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> None:
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_length, dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.valid = torch.zeros(batch, max_length, dtype=torch.bool, device=device)
+        self.next_position = torch.zeros(batch, dtype=torch.long, device=device)
+        self.length = 0
+        self._start = 0
+        self._padded = False
+
+    @property
+    def max_length(self) -> int:
+        return self.keys.shape[3]
+
+    def extend(self, attention_mask: torch.Tensor | None, new: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Reserve ``new`` slots; returns their position ids and the attention mask for this step."""
+        start, end = self.length, self.length + new
+        if end > self.max_length:
+            raise ValueError(f"KV cache holds {self.max_length} tokens; cannot add {new} to {start}")
+        batch = self.valid.shape[0]
+        real = torch.ones(batch, new, dtype=torch.bool, device=self.valid.device) if attention_mask is None \
+            else attention_mask.bool()
+        self.valid[:, start:end] = real
+        positions = self.next_position[:, None] + (real.long().cumsum(-1) - 1).clamp(min=0)
+        self.next_position += real.sum(-1)
+        self._padded = self._padded or not bool(real.all())
+        self._start, self.length = start, end
+        if not self._padded:  # plain causal attention: SDPA's is_causal (prefill) or no mask (one token)
+            return positions, None if new == 1 or start == 0 else self._causal(start, end, with_padding=False)
+        return positions, self._causal(start, end, with_padding=True)
+
+    def _causal(self, start: int, end: int, with_padding: bool) -> torch.Tensor:
+        device = self.valid.device
+        queries = torch.arange(start, end, device=device)[:, None]
+        keys = torch.arange(end, device=device)[None, :]
+        allowed = keys <= queries  # [new, end]
+        if not with_padding:
+            return allowed[None, None]
+        mask = allowed[None, None] & self.valid[:, None, None, :end]
+        return mask | (keys == queries)[None, None]  # a padding query still sees itself (no NaN rows)
+
+    def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this step's keys/values for ``layer``; returns everything cached so far for it."""
+        self.keys[layer, :, :, self._start : self.length] = keys
+        self.values[layer, :, :, self._start : self.length] = values
+        return self.keys[layer, :, :, : self.length], self.values[layer, :, :, : self.length]
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Drop the other rows (finished sequences) so later steps compute only what is left."""
+        self.keys = self.keys[:, rows]
+        self.values = self.values[:, rows]
+        self.valid = self.valid[rows]
+        self.next_position = self.next_position[rows]

@@ -1,0 +1,53 @@
+"""Workers that train a tiny model with each engine, for the engine-equivalence tests."""
+
+from __future__ import annotations
+
+import torch
+
+from hybridflow_lab import DataBatch
+from hybridflow_lab.controller import Dispatch, Worker, register
+from hybridflow_lab.engines import OptimConfig, build_train_engine
+from hybridflow_lab.engines.forward import response_log_probs
+from hybridflow_lab.models import load_causal_lm
+
+
+def token_loss(module: torch.nn.Module, batch: DataBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Negative log-likelihood of the response tokens, summed (the engine averages over all ranks)."""
+    log_probs, _ = response_log_probs(module, batch)
+    mask = batch["response_mask"].float()
+    return -(log_probs * mask).sum(), {"tokens": mask.sum()}
+
+
+def token_count(batch: DataBatch) -> float:
+    return float(batch["response_mask"].sum())
+
+
+class EngineProbe(Worker):
+    """Trains with one engine on its data-parallel share and reports the global losses."""
+
+    def __init__(self, model_dir: str, backend: str, zero_stage: int = 2, micro_batches: int = 2) -> None:
+        torch.manual_seed(0)
+        self.engine = build_train_engine(backend, load_causal_lm(model_dir), OptimConfig(lr=1e-2, grad_clip=1.0),
+                                         zero_stage=zero_stage, micro_batches_per_step=micro_batches)
+        self.micro_batches = micro_batches
+
+    @register(Dispatch.DP_COMPUTE)
+    def train(self, batch: DataBatch, steps: int) -> DataBatch:
+        losses, norms = [], []
+        for _ in range(steps):
+            result = self.engine.train_step(batch.chunk(self.micro_batches), token_loss, token_count)
+            losses.append(result["loss"])
+            norms.append(result["grad_norm"])
+        return DataBatch({"row": torch.ones(len(batch))}, meta={"losses": losses, "grad_norms": norms})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def weights(self) -> dict[str, torch.Tensor]:
+        return self.engine.full_state_dict()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save(self, path: str) -> None:
+        self.engine.save_checkpoint(path)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load(self, path: str) -> None:
+        self.engine.load_checkpoint(path)
