@@ -17,9 +17,10 @@ ENGINES = [("torch", 0), ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3), (
 def sequences(rows: int = 8, prompt: int = 6, response: int = 10, seed: int = 0) -> DataBatch:
     """Left-padded prompts and right-padded responses of different lengths."""
     g = torch.Generator().manual_seed(seed)
-    prompts, responses = torch.randint(4, 90, (rows, prompt), generator=g), torch.randint(4, 90, (rows, response),
-                                                                                          generator=g)
-    prompt_mask, response_mask = torch.ones(rows, prompt, dtype=torch.long), torch.ones(rows, response, dtype=torch.long)
+    prompts = torch.randint(4, 90, (rows, prompt), generator=g)
+    responses = torch.randint(4, 90, (rows, response), generator=g)
+    prompt_mask = torch.ones(rows, prompt, dtype=torch.long)
+    response_mask = torch.ones(rows, response, dtype=torch.long)
     prompt_mask[2, :2] = 0
     response_mask[1, 6:] = 0
     response_mask[5, 3:] = 0

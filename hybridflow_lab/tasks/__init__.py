@@ -1,0 +1,1 @@
+"""Tasks: prompts, ground truths and their reward rules."""

@@ -1,0 +1,33 @@
+"""Turning prompt texts into the left-padded batch that generation takes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+from hybridflow_lab.protocol import DataBatch
+
+
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    max_tokens: int,
+    ground_truths: Sequence[object] | None = None,
+) -> DataBatch:
+    """``input_ids`` / ``attention_mask`` left-padded to the longest prompt, plus ``prompt_text``.
+
+    A prompt longer than ``max_tokens`` is an error naming its row (truncating a prompt
+    silently changes the task).
+    """
+    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    for row, tokens in enumerate(ids):
+        if len(tokens) > max_tokens:
+            raise ValueError(f"prompt row {row} has {len(tokens)} tokens, more than max_prompt_tokens={max_tokens}: "
+                             f"{texts[row][:60]!r}")
+    tokenizer.padding_side = "left"
+    encoded = tokenizer(list(texts), add_special_tokens=False, padding=True, return_tensors="pt")
+    columns: dict[str, object] = {"prompt_text": list(texts)}
+    if ground_truths is not None:
+        columns["ground_truth"] = list(ground_truths)
+    return DataBatch({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}, columns)

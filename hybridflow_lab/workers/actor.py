@@ -1,0 +1,147 @@
+"""The actor role: trains the policy, generates with it and keeps the frozen reference, in one process per rank.
+
+This is the paper's colocated actor: generation runs on the training weights in place
+when they are whole on every rank (torch, ZeRO-1/2); with ZeRO-3 or FSDP the rollout gets a
+gathered copy before each generation (the hybrid-engine milestone removes that copy).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import AutoTokenizer
+
+from hybridflow_lab.algorithms.losses import ppo_policy_loss
+from hybridflow_lab.config import LabConfig
+from hybridflow_lab.controller import Dispatch, Worker, register
+from hybridflow_lab.engines import SamplingParams, build_train_engine
+from hybridflow_lab.engines.forward import response_log_probs
+from hybridflow_lab.engines.torch_rollout import TorchRollout
+from hybridflow_lab.models import load_causal_lm
+from hybridflow_lab.protocol import DataBatch
+from hybridflow_lab.workers.batching import average, micro_batches, minibatches, per_rank_minibatch
+
+ADVANTAGE_KEYS = ("responses", "response_mask", "old_log_probs", "advantages")
+
+
+def sampling_params(config: LabConfig, **overrides: object) -> SamplingParams:
+    rollout = config.rollout
+    values = {"max_new_tokens": rollout.max_new_tokens, "temperature": rollout.temperature, "top_p": rollout.top_p,
+              "top_k": rollout.top_k, "n": config.batch.samples_per_prompt}
+    return SamplingParams(**{**values, **overrides})
+
+
+class ActorWorker(Worker):
+    """Policy training, generation and the reference policy on one rank."""
+
+    def __init__(self, config: LabConfig) -> None:
+        torch.manual_seed(config.seed)
+        self.config = config
+        path = config.actor.model_path
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        role, batch = config.actor, config.batch
+        micro = batch.micro_batch_sequences_per_rank
+        self.engine = build_train_engine(
+            role.engine.backend, load_causal_lm(path), role.optim, zero_stage=role.engine.zero_stage,
+            micro_batch_size=micro, micro_batches_per_step=per_rank_minibatch(batch, self.world_size) // micro,
+            offload=role.engine.offload, bf16=role.engine.bf16,
+        )
+        self.reference = load_causal_lm(path).eval().requires_grad_(False)
+        self.shares_weights = role.engine.backend == "torch" or (
+            role.engine.backend == "deepspeed" and role.engine.zero_stage < 3)
+        generation_model = self.engine.model if self.shares_weights else load_causal_lm(path)
+        self.rollout = TorchRollout(generation_model, sampling_params(config), self.tokenizer.eos_token_id,
+                                    self.tokenizer.pad_token_id)
+        self.updates = 0
+
+    def _sync_generation_weights(self) -> None:
+        """Give the rollout model the current weights when training holds only shards (collective)."""
+        if self.shares_weights:
+            return
+        with self.span("weight_sync") as attrs:
+            state = self.engine.full_state_dict()
+            self.rollout.model.load_state_dict(state)
+            attrs["bytes_moved"] = sum(t.numel() * t.element_size() for t in state.values())
+
+    @register(Dispatch.DP_COMPUTE)
+    def generate_sequences(self, prompts: DataBatch, greedy: bool = False, n: int | None = None) -> DataBatch:
+        """``samples_per_prompt`` responses per left-padded prompt (``input_ids``, ``attention_mask``).
+
+        Returns the sequence layout for training, ``rollout_log_probs``, the decoded
+        ``response_text``, and every non-tensor column of the prompts repeated per sample.
+        """
+        self._sync_generation_weights()
+        params = sampling_params(self.config, greedy=greedy, n=n or self.config.batch.samples_per_prompt)
+        with self.span("generate", prompts=len(prompts)) as attrs:
+            out = self.rollout.generate(prompts["input_ids"], prompts["attention_mask"], params)
+            attrs["tokens"] = int(out["response_mask"].sum())
+        texts = self.tokenizer.batch_decode(out["responses"] * out["response_mask"], skip_special_tokens=True)
+        repeated = {k: np.repeat(v, params.n, axis=0) for k, v in prompts.non_tensors.items()}
+        return DataBatch(out, {**repeated, "response_text": texts}, prompts.meta)
+
+    def _log_probs(self, model: torch.nn.Module, batch: DataBatch, with_entropy: bool) -> DataBatch:
+        size = self.config.batch.micro_batch_sequences_per_rank
+        temperature = self.config.rollout.temperature
+
+        def forward(module: torch.nn.Module, micro: DataBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return response_log_probs(module, micro, temperature, with_entropy)
+
+        micros = micro_batches(batch, size)
+        if model is self.engine.module:
+            parts = self.engine.infer(micros, forward)
+        else:
+            with torch.no_grad():
+                parts = [forward(model, micro) for micro in micros]
+        columns = {"log_probs": torch.cat([p[0] for p in parts])}
+        if with_entropy:
+            columns["entropy"] = torch.cat([p[1] for p in parts])
+        return DataBatch(columns)
+
+    @register(Dispatch.DP_COMPUTE)
+    def compute_log_prob(self, batch: DataBatch) -> DataBatch:
+        """Log-probs (``old_log_probs``) and entropies of the responses under the current policy."""
+        out = self._log_probs(self.engine.module, batch, with_entropy=True)
+        return DataBatch({"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
+
+    @register(Dispatch.DP_COMPUTE)
+    def compute_ref_log_prob(self, batch: DataBatch) -> DataBatch:
+        """Log-probs of the responses under the frozen reference policy (``ref_log_probs``)."""
+        return DataBatch({"ref_log_probs": self._log_probs(self.reference, batch, with_entropy=False)["log_probs"]})
+
+    @register(Dispatch.DP_COMPUTE)
+    def update_actor(self, batch: DataBatch, clip_low: float = 0.2, clip_high: float = 0.2) -> DataBatch:
+        """PPO-clip updates over this rank's share; needs ``old_log_probs`` and ``advantages``.
+
+        One optimizer step per ``update_minibatch_sequences`` (over all ranks) for
+        ``update_epochs`` passes. Returns no rows, the mean metrics in ``meta["metrics"]``.
+        """
+        missing = [k for k in ADVANTAGE_KEYS if k not in batch]
+        if missing:
+            raise KeyError(f"update_actor needs columns {missing}; compute them first (compute_log_prob, advantages)")
+        temperature = self.config.rollout.temperature
+
+        def loss(module: torch.nn.Module, micro: DataBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            log_probs, _ = response_log_probs(module, micro, temperature)
+            return ppo_policy_loss(log_probs, micro["old_log_probs"], micro["advantages"], micro["response_mask"],
+                                   clip_low, clip_high)
+
+        steps = []
+        size = per_rank_minibatch(self.config.batch, self.world_size)
+        self.updates += 1
+        for mini in minibatches(batch, size, self.config.batch.update_epochs, self.config.seed + self.updates):
+            micros = micro_batches(mini, self.config.batch.micro_batch_sequences_per_rank)
+            steps.append(self.engine.train_step(micros, loss, count_tokens))
+        metrics = {f"actor/{'pg_loss' if k == 'loss' else k}": v for k, v in average(steps).items()}
+        return DataBatch(meta={"metrics": metrics})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.engine.save_checkpoint(path)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.engine.load_checkpoint(path)
+
+
+def count_tokens(batch: DataBatch) -> float:
+    return float(batch["response_mask"].sum())

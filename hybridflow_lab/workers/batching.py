@@ -1,0 +1,32 @@
+"""Splitting a rank's share of a step into mini-batches (one optimizer step each) and micro-batches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from hybridflow_lab.config import BatchConfig
+from hybridflow_lab.protocol import DataBatch
+
+
+def per_rank_minibatch(batch: BatchConfig, ranks: int) -> int:
+    """Sequences one rank contributes to each optimizer step."""
+    return batch.update_minibatch_sequences // ranks
+
+
+def minibatches(rows: DataBatch, size: int, epochs: int, seed: int) -> Iterator[DataBatch]:
+    """``epochs`` passes over ``rows`` in a seeded random order, ``size`` rows at a time."""
+    for epoch in range(epochs):
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+        yield from rows.reorder(order).split(size)
+
+
+def micro_batches(rows: DataBatch, size: int) -> list[DataBatch]:
+    return rows.split(size)
+
+
+def average(metrics: list[dict[str, float]]) -> dict[str, float]:
+    """Mean of each metric over optimizer steps."""
+    keys = metrics[0].keys() if metrics else ()
+    return {k: sum(m[k] for m in metrics) / len(metrics) for k in keys}

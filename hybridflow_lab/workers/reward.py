@@ -1,0 +1,58 @@
+"""Reward roles: a learned reward model, and rule-based rewards from (prompt, response, ground truth)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from hybridflow_lab.controller import Dispatch, Worker, register
+from hybridflow_lab.models.heads import last_token_scores, load_scalar_model
+from hybridflow_lab.protocol import DataBatch
+
+RewardFn = Callable[[str, str, object], float]
+
+
+def token_level(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Place each sequence's score on its last response token, zeros elsewhere."""
+    last = (response_mask.long().cumsum(-1) == response_mask.sum(-1, keepdim=True)) & response_mask.bool()
+    return last.float() * scores[:, None]
+
+
+def rule_scores(batch: DataBatch, fn: RewardFn) -> DataBatch:
+    """Score every row with ``fn(prompt_text, response_text, ground_truth)`` (runs wherever it is called)."""
+    prompts = batch["prompt_text"] if "prompt_text" in batch else [""] * len(batch)
+    truths = batch["ground_truth"] if "ground_truth" in batch else [None] * len(batch)
+    scores = torch.tensor([float(fn(p, r, t)) for p, r, t in zip(prompts, batch["response_text"], truths,
+                                                                   strict=True)])
+    return DataBatch({"scores": scores, "token_level_scores": token_level(scores, batch["response_mask"])})
+
+
+class RewardModelWorker(Worker):
+    """A scalar-head model scoring whole sequences (the score at the last real token)."""
+
+    def __init__(self, model_path: str, micro_batch: int = 8) -> None:
+        self.model = load_scalar_model(model_path).eval().requires_grad_(False)
+        self.micro_batch = micro_batch
+
+    @register(Dispatch.DP_COMPUTE)
+    def compute_rm_score(self, batch: DataBatch) -> DataBatch:
+        """``scores`` per sequence and ``token_level_scores`` (the score on the last response token)."""
+        with torch.no_grad():
+            scores = torch.cat([
+                last_token_scores(self.model(m["input_ids"], m["attention_mask"], m["position_ids"]),
+                                  m["attention_mask"])
+                for m in batch.split(self.micro_batch)
+            ])
+        return DataBatch({"scores": scores, "token_level_scores": token_level(scores, batch["response_mask"])})
+
+
+class RuleRewardWorker(Worker):
+    """Rule rewards in worker processes, for functions too slow for the controller (code execution, ...)."""
+
+    def __init__(self, fn: RewardFn) -> None:
+        self.fn = fn
+
+    @register(Dispatch.DP_COMPUTE)
+    def compute_rule_score(self, batch: DataBatch) -> DataBatch:
+        return rule_scores(batch, self.fn)

@@ -1,0 +1,69 @@
+"""Configs: YAML with dotted overrides, type checks, and bad settings rejected before any worker starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow_lab.config import ConfigError, LabConfig, load_config, to_dict, validate
+from hybridflow_lab.models import create_model_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(create_model_dir(tmp_path_factory.mktemp("cfg") / "m", "tiny", "qwen2"))  # 4 heads, 2 kv heads
+
+
+def test_yaml_and_overrides(tmp_path, model_dir):
+    path = tmp_path / "run.yaml"
+    path.write_text(f"actor:\n  model_path: {model_dir}\n  optim:\n    lr: 0.001\nbatch:\n  samples_per_prompt: 8\n")
+    config = load_config(LabConfig, path, ["actor.optim.lr=2e-5", "rollout.top_p=0.9", "actor.engine.backend=fsdp"])
+    assert config.actor.optim.lr == 2e-5 and config.rollout.top_p == 0.9 and config.batch.samples_per_prompt == 8
+    assert config.actor.engine.backend == "fsdp"
+    validate(config)
+    assert load_config(LabConfig, overrides=[f"{k}={v}" for k, v in [("seed", 3)]]).seed == 3
+    assert to_dict(config)["actor"]["optim"]["betas"] == [0.9, 0.999]
+
+
+BAD = [
+    (["actor.optim.lrr=1"], "actor.optim.lrr", "unknown key; valid keys here: betas, eps"),
+    (["batch.samples_per_prompt=two"], "batch.samples_per_prompt", "expected int, got 'two'"),
+    (["actor.ranks=true"], "actor.ranks", "expected int, got True"),
+    (["optim=3"], "optim", "unknown key"),
+    (["actor.optim.schedule=cosine"], "actor.optim", "needs optim.total_steps > 0"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key", "message"), BAD)
+def test_bad_keys_and_types_name_the_key(overrides, key, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(LabConfig, overrides=overrides)
+    assert info.value.key == key
+
+
+UNWORKABLE = [
+    ({"batch.update_minibatch_sequences": 48}, "batch.update_minibatch_sequences",
+     r"48 does not divide the 64 sequences of a step .* use one of \[1, 2, 4, 8, 16, 32, 64\]"),
+    ({"actor.ranks": 3, "batch.update_minibatch_sequences": 32}, "batch.update_minibatch_sequences",
+     r"32 is not divisible by the 3 data-parallel ranks of the actor \(actor.ranks\)"),
+    ({"batch.micro_batch_sequences_per_rank": 12}, "batch.micro_batch_sequences_per_rank",
+     r"12 does not divide the 32 sequences each actor rank gets per optimizer step"),
+    ({"rollout.tensor_parallel": 3, "rollout.engine": "vllm"}, "rollout.tensor_parallel",
+     r"3 does not divide the model's 4 attention heads and 2 key/value heads; use one of \[1, 2\]"),
+    ({"rollout.tensor_parallel": 2}, "rollout.tensor_parallel", "built-in torch engine generates with"),
+    ({"actor.engine.backend": "megatron"}, "actor.engine.backend", "'megatron' is not one of"),
+    ({"actor.engine.zero_stage": 4}, "actor.engine.zero_stage", "must be 1, 2 or 3"),
+    ({"backend": "local"}, "actor.ranks", "the local backend runs one rank per role"),
+    ({"actor.model_path": "/nonexistent/model"}, "actor.model_path", "does not exist"),
+    ({"critic.model_path": "/nonexistent/critic"}, "critic.model_path", "does not exist"),
+    ({"batch.rollout_batch_prompts": 0}, "batch.rollout_batch_prompts", "must be >= 1"),
+    ({"rollout.engine": "sglang"}, "rollout.engine", "'sglang' is not one of"),
+]
+
+
+@pytest.mark.parametrize(("settings", "key", "message"), UNWORKABLE)
+def test_unworkable_settings_fail_before_any_worker_starts(model_dir, settings, key, message):
+    overrides = [f"actor.model_path={model_dir}"] + [f"{k}={v}" for k, v in settings.items()]
+    config = load_config(LabConfig, overrides=overrides)
+    with pytest.raises(ConfigError, match=message) as info:
+        validate(config)
+    assert info.value.key == key

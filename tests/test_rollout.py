@@ -1,0 +1,91 @@
+"""The built-in generation engine: matches transformers, reports honest log-probs, stops correctly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from hybridflow_lab import DataBatch
+from hybridflow_lab.engines import SamplingParams
+from hybridflow_lab.engines.forward import response_log_probs
+from hybridflow_lab.engines.torch_rollout import TorchRollout, generate
+from hybridflow_lab.models import char_tokenizer, create_model_dir, load_causal_lm
+
+TOKENIZER = char_tokenizer()
+PROMPTS = ["1+1=", "23+4=", "100+250=", "7+8="]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return create_model_dir(tmp_path_factory.mktemp("rollout") / "m", "tiny", "qwen2", seed=7)
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    return load_causal_lm(model_dir).eval()
+
+
+def encode(prompts=PROMPTS):
+    batch = TOKENIZER(prompts, padding=True, return_tensors="pt")
+    return batch["input_ids"], batch["attention_mask"]
+
+
+def run(model, params, prompts=PROMPTS):
+    ids, mask = encode(prompts)
+    return generate(model, ids, mask, params, TOKENIZER.eos_token_id, TOKENIZER.pad_token_id)
+
+
+def test_greedy_equals_transformers_generate(model_dir, model):
+    ids, mask = encode()
+    theirs = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = theirs.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, min_new_tokens=12,
+                                   do_sample=False, pad_token_id=TOKENIZER.pad_token_id)[:, ids.shape[1]:]
+    out = run(model, SamplingParams(max_new_tokens=12, greedy=True, ignore_eos=True))
+    assert torch.equal(out["responses"], expected)
+
+
+def test_log_probs_equal_a_teacher_forced_forward(model):
+    params = SamplingParams(max_new_tokens=10, temperature=0.7, seed=3, ignore_eos=True)
+    rollout = TorchRollout(model, params, TOKENIZER.eos_token_id, TOKENIZER.pad_token_id)
+    batch = DataBatch(rollout.generate(*encode()))
+    with torch.no_grad():
+        forward, _ = response_log_probs(model, batch, temperature=0.7)
+    torch.testing.assert_close(batch["rollout_log_probs"], forward, rtol=1e-5, atol=1e-5)
+
+
+def test_samples_per_prompt_seeds_and_shapes(model):
+    params = SamplingParams(max_new_tokens=8, n=3, seed=11)
+    first, again = run(model, params), run(model, params)
+    assert first["responses"].shape == (12, 8) and torch.equal(first["responses"], again["responses"])
+    assert torch.equal(first["prompt_ids"][0], first["prompt_ids"][2])  # a prompt's samples are adjacent
+    other = run(model, SamplingParams(max_new_tokens=8, n=3, seed=12))
+    assert not torch.equal(first["responses"], other["responses"])
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy(model):
+    greedy = run(model, SamplingParams(max_new_tokens=6, greedy=True, ignore_eos=True))["responses"]
+    for params in (SamplingParams(max_new_tokens=6, top_k=1, seed=0, ignore_eos=True),
+                   SamplingParams(max_new_tokens=6, top_p=1e-6, seed=0, ignore_eos=True)):
+        assert torch.equal(run(model, params)["responses"], greedy)
+
+
+def test_stopping_masks_the_rest_and_leaves_other_rows_alone(model):
+    free = run(model, SamplingParams(max_new_tokens=10, greedy=True, ignore_eos=True))["responses"]
+    stop = int(free[0, 2])  # the token row 0 produces third
+    out = run(model, SamplingParams(max_new_tokens=10, greedy=True, ignore_eos=True, stop_token_ids=(stop,)))
+    for row in range(len(PROMPTS)):
+        hits = (free[row] == stop).nonzero()
+        length = int(hits[0]) + 1 if len(hits) else 10
+        assert out["response_mask"][row].tolist() == [1] * length + [0] * (10 - length)
+        assert torch.equal(out["responses"][row, :length], free[row, :length])
+        assert (out["responses"][row, length:] == TOKENIZER.pad_token_id).all()
+        assert (out["log_probs"][row, length:] == 0).all()
+
+
+def test_bad_sampling_parameters_are_named():
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match=r"temperature must be > 0"):
+        SamplingParams(temperature=0)
