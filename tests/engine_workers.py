@@ -7,19 +7,8 @@ import torch
 from hybridflow_lab import DataBatch
 from hybridflow_lab.controller import Dispatch, Worker, register
 from hybridflow_lab.engines import OptimConfig, build_train_engine
-from hybridflow_lab.engines.forward import response_log_probs
+from hybridflow_lab.engines.forward import count_response_tokens, response_nll
 from hybridflow_lab.models import load_causal_lm
-
-
-def token_loss(module: torch.nn.Module, batch: DataBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Negative log-likelihood of the response tokens, summed (the engine averages over all ranks)."""
-    log_probs, _ = response_log_probs(module, batch)
-    mask = batch["response_mask"].float()
-    return -(log_probs * mask).sum(), {"tokens": mask.sum()}
-
-
-def token_count(batch: DataBatch) -> float:
-    return float(batch["response_mask"].sum())
 
 
 class EngineProbe(Worker):
@@ -35,7 +24,8 @@ class EngineProbe(Worker):
     def train(self, batch: DataBatch, steps: int) -> DataBatch:
         losses, norms = [], []
         for _ in range(steps):
-            result = self.engine.train_step(batch.chunk(self.micro_batches), token_loss, token_count)
+            result = self.engine.train_step(batch.chunk(self.micro_batches), response_nll,
+                                            count_response_tokens)
             losses.append(result["loss"])
             norms.append(result["grad_norm"])
         return DataBatch({"row": torch.ones(len(batch))}, meta={"losses": losses, "grad_norms": norms})

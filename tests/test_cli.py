@@ -24,6 +24,18 @@ def test_demo_runs_the_dataflow_and_prints_spans():
     assert "generate" in out and "transfer" in out and "execute" in out
 
 
+def test_init_model_and_quick_rollout_and_train_benches(tmp_path):
+    made = json.loads(run_cli("init-model", str(tmp_path / "m"), "--size", "tiny", "--arch", "llama"))
+    assert made["parameters"] > 0 and (tmp_path / "m" / "model.safetensors").is_file()
+    rollout = json.loads(run_cli("bench", "rollout", "--quick"))
+    assert set(rollout) >= {"model", "prompts", "new_tokens", "torch_tok_s", "hf_tok_s", "ratio"}
+    assert rollout["torch_tok_s"] > 0 and rollout["hf_tok_s"] > 0
+    train = json.loads(run_cli("bench", "train", "--quick"))
+    assert [(r["engine"], r["zero_stage"]) for r in train["results"]] == [
+        ("torch", None), ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3), ("fsdp", None)]
+    assert all(r["tokens_per_s"] > 0 for r in train["results"])
+
+
 def test_bench_dispatch_prints_comparable_json(tmp_path):
     target = tmp_path / "dispatch.json"
     report = json.loads(run_cli("bench", "dispatch", "--quick", "--out", str(target)))

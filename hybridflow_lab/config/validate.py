@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 from transformers import PretrainedConfig
 
 from hybridflow_lab.config.loading import ConfigError
@@ -88,9 +90,15 @@ def _check_rollout(config: LabConfig) -> None:
     if config.actor.ranks % tp:
         raise ConfigError("rollout.tensor_parallel", f"{tp} does not divide the actor's {config.actor.ranks} ranks "
                           f"(actor.ranks); use one of {divisors(config.actor.ranks)}")
+    if rollout.engine == "vllm" and tp > 1:
+        raise ConfigError("rollout.tensor_parallel", "vLLM runs inside each actor rank with tensor_parallel=1 "
+                          "(tensor-parallel vLLM across ranks comes with the hybrid engine); use 1")
     if rollout.engine == "torch" and tp > 1:
         raise ConfigError("rollout.tensor_parallel", "the built-in torch engine generates with tensor_parallel=1 "
                           "(tensor-parallel generation comes with the hybrid engine); use 1, or rollout.engine=vllm")
+    if rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("rollout.engine", "vllm is not installed; install the GPU extra (pip install -e '.[gpu]') "
+                          "on a CUDA machine, or use rollout.engine=torch")
 
 
 def _model(path: str, key: str) -> PretrainedConfig:

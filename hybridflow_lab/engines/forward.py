@@ -36,5 +36,12 @@ def response_values(module: nn.Module, batch: DataBatch) -> torch.Tensor:
     return values[:, -length - 1 : -1]
 
 
-def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (values * mask).sum()
+def response_nll(module: nn.Module, batch: DataBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Negative log-likelihood of the response tokens, summed (supervised fine-tuning's loss)."""
+    log_probs, _ = response_log_probs(module, batch)
+    return -(log_probs * batch["response_mask"]).sum(), {}
+
+
+def count_response_tokens(batch: DataBatch) -> float:
+    """The averaging unit of token-mean losses."""
+    return float(batch["response_mask"].sum())

@@ -7,6 +7,8 @@ gathered copy before each generation (the hybrid-engine milestone removes that c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from transformers import AutoTokenizer
@@ -15,8 +17,11 @@ from hybridflow_lab.algorithms.losses import ppo_policy_loss
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, Worker, register
 from hybridflow_lab.engines import SamplingParams, build_train_engine
-from hybridflow_lab.engines.forward import response_log_probs
+from hybridflow_lab.engines.forward import count_response_tokens, response_log_probs
 from hybridflow_lab.engines.torch_rollout import TorchRollout
+
+if TYPE_CHECKING:
+    from hybridflow_lab.engines.vllm_rollout import VllmRollout
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.workers.batching import average, micro_batches, minibatches, per_rank_minibatch
@@ -47,21 +52,34 @@ class ActorWorker(Worker):
             offload=role.engine.offload, bf16=role.engine.bf16,
         )
         self.reference = load_causal_lm(path).eval().requires_grad_(False)
-        self.shares_weights = role.engine.backend == "torch" or (
-            role.engine.backend == "deepspeed" and role.engine.zero_stage < 3)
-        generation_model = self.engine.model if self.shares_weights else load_causal_lm(path)
-        self.rollout = TorchRollout(generation_model, sampling_params(config), self.tokenizer.eos_token_id,
-                                    self.tokenizer.pad_token_id)
+        self.shares_weights = config.rollout.engine == "torch" and (role.engine.backend == "torch" or (
+            role.engine.backend == "deepspeed" and role.engine.zero_stage < 3))
+        self.rollout = self._build_rollout(path)
         self.updates = 0
+        self.synced_updates = 0
+
+    def _build_rollout(self, path: str) -> TorchRollout | VllmRollout:
+        params, eos, pad = sampling_params(self.config), self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        if self.config.rollout.engine == "vllm":
+            from hybridflow_lab.engines.vllm_rollout import VllmRollout
+
+            rollout = self.config.rollout
+            return VllmRollout(path, params, eos, pad, rollout.tensor_parallel, rollout.gpu_memory_utilization,
+                               self.config.seed + self.rank)
+        return TorchRollout(self.engine.model if self.shares_weights else load_causal_lm(path), params, eos, pad)
 
     def _sync_generation_weights(self) -> None:
-        """Give the rollout model the current weights when training holds only shards (collective)."""
-        if self.shares_weights:
+        """Give the rollout the weights of the latest update when it does not share them (collective)."""
+        if self.shares_weights or self.synced_updates == self.updates:
             return
         with self.span("weight_sync") as attrs:
             state = self.engine.full_state_dict()
-            self.rollout.model.load_state_dict(state)
+            if isinstance(self.rollout, TorchRollout):
+                self.rollout.model.load_state_dict(state)
+            else:
+                self.rollout.update_weights(state)
             attrs["bytes_moved"] = sum(t.numel() * t.element_size() for t in state.values())
+        self.synced_updates = self.updates
 
     @register(Dispatch.DP_COMPUTE)
     def generate_sequences(self, prompts: DataBatch, greedy: bool = False, n: int | None = None) -> DataBatch:
@@ -130,7 +148,7 @@ class ActorWorker(Worker):
         self.updates += 1
         for mini in minibatches(batch, size, self.config.batch.update_epochs, self.config.seed + self.updates):
             micros = micro_batches(mini, self.config.batch.micro_batch_sequences_per_rank)
-            steps.append(self.engine.train_step(micros, loss, count_tokens))
+            steps.append(self.engine.train_step(micros, loss, count_response_tokens))
         metrics = {f"actor/{'pg_loss' if k == 'loss' else k}": v for k, v in average(steps).items()}
         return DataBatch(meta={"metrics": metrics})
 
@@ -141,7 +159,4 @@ class ActorWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         self.engine.load_checkpoint(path)
-
-
-def count_tokens(batch: DataBatch) -> float:
-    return float(batch["response_mask"].sum())
+        self.updates += 1  # the rollout must pick up the loaded weights

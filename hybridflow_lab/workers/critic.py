@@ -8,10 +8,9 @@ from hybridflow_lab.algorithms.losses import clipped_value_loss
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, Worker, register
 from hybridflow_lab.engines import build_train_engine
-from hybridflow_lab.engines.forward import response_values
+from hybridflow_lab.engines.forward import count_response_tokens, response_values
 from hybridflow_lab.models.heads import load_scalar_model
 from hybridflow_lab.protocol import DataBatch
-from hybridflow_lab.workers.actor import count_tokens
 from hybridflow_lab.workers.batching import average, micro_batches, minibatches, per_rank_minibatch
 
 
@@ -50,7 +49,7 @@ class CriticWorker(Worker):
         size = per_rank_minibatch(self.config.batch, self.world_size)
         for mini in minibatches(batch, size, self.config.batch.update_epochs, self.config.seed + self.updates):
             micros = micro_batches(mini, self.config.batch.micro_batch_sequences_per_rank)
-            steps.append(self.engine.train_step(micros, loss, count_tokens))
+            steps.append(self.engine.train_step(micros, loss, count_response_tokens))
         return DataBatch(meta={"metrics": {f"critic/{'vf_loss' if k == 'loss' else k}": v
                                            for k, v in average(steps).items()}})
 

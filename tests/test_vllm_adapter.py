@@ -1,0 +1,45 @@
+"""The vLLM adapter's translation layers (vLLM itself needs a GPU: see docs/vllm.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from hybridflow_lab.config import ConfigError, LabConfig, load_config, validate
+from hybridflow_lab.engines import SamplingParams
+from hybridflow_lab.engines.vllm_rollout import pack_outputs, unpadded_prompts, vllm_sampling_kwargs
+from hybridflow_lab.models import create_model_dir
+
+
+def test_sampling_parameters_translate():
+    kwargs = vllm_sampling_kwargs(SamplingParams(max_new_tokens=7, temperature=0.8, top_k=0, n=3,
+                                                 stop_token_ids=(5,), seed=1), eos_token_id=2)
+    assert kwargs == {"n": 3, "temperature": 0.8, "top_p": 1.0, "top_k": -1, "max_tokens": 7, "min_tokens": 0,
+                           "ignore_eos": False, "stop_token_ids": [5], "seed": 1, "logprobs": 0, "detokenize": False}
+    greedy = vllm_sampling_kwargs(SamplingParams(greedy=True, ignore_eos=True, max_new_tokens=4), None)
+    assert greedy["temperature"] == 0.0 and greedy["min_tokens"] == 4
+
+
+def test_completions_become_the_training_layout():
+    prompt_ids = torch.tensor([[0, 0, 7, 8], [5, 6, 7, 8]])
+    prompt_mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    assert unpadded_prompts(prompt_ids, prompt_mask) == [[7, 8], [5, 6, 7, 8]]
+    out = pack_outputs(prompt_ids, prompt_mask, [[9, 2], [9, 9, 9], [4], [4, 4]],
+                       [[-0.1, -0.2], [-1.0, -1.0, -1.0], [-0.5], [-0.5, -0.6]], n=2, max_new_tokens=3,
+                       pad_token_id=0)
+    assert out["responses"].tolist() == [[9, 2, 0], [9, 9, 9], [4, 0, 0], [4, 4, 0]]
+    assert out["response_mask"].tolist() == [[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]]
+    assert out["prompts"].tolist() == [[0, 0, 7, 8], [0, 0, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8]]
+    assert out["position_ids"][0].tolist() == [0, 0, 0, 1, 2, 3, 3]
+    torch.testing.assert_close(out["rollout_log_probs"][0], torch.tensor([-0.1, -0.2, 0.0]))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_vllm_is_refused_before_start_where_it_is_not_installed(tmp_path):
+    model = create_model_dir(tmp_path / "m", "tiny", "qwen2")
+    config = load_config(LabConfig, overrides=[f"actor.model_path={model}", "rollout.engine=vllm"])
+    with pytest.raises(ConfigError, match=r"vllm is not installed; install the GPU extra") as info:
+        validate(config)
+    assert info.value.key == "rollout.engine"
