@@ -12,6 +12,7 @@ from hybridflow_lab.models import create_model_dir
 from tests.engine_workers import EngineProbe
 
 ENGINES = [("torch", 0), ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3), ("fsdp", 0)]
+WITH_OFFLOAD = [(*engine, False) for engine in ENGINES] + [("deepspeed", 2, True), ("deepspeed", 3, True)]
 
 
 def sequences(rows: int = 8, prompt: int = 6, response: int = 10, seed: int = 0) -> DataBatch:
@@ -45,10 +46,12 @@ def reference(model_dir):
     return losses, weights
 
 
-@pytest.mark.parametrize(("backend", "stage"), ENGINES, ids=[f"{b}{s or ''}" for b, s in ENGINES])
-def test_two_ranks_match_the_single_process_reference(ray_cluster, model_dir, reference, backend, stage):
+@pytest.mark.parametrize(("backend", "stage", "offload"), WITH_OFFLOAD,
+                         ids=[f"{b}{s or ''}{'-offload' if o else ''}" for b, s, o in WITH_OFFLOAD])
+def test_two_ranks_match_the_single_process_reference(ray_cluster, model_dir, reference, backend, stage, offload):
     losses, weights = reference
-    group = WorkerGroup(Role(EngineProbe, model_dir, backend, zero_stage=stage, micro_batches=2), ResourcePool(2))
+    group = WorkerGroup(Role(EngineProbe, model_dir, backend, zero_stage=stage, micro_batches=2, offload=offload),
+                        ResourcePool(2))
     try:
         out = group.train(sequences(), steps=3)
         assert out.meta["losses"] == pytest.approx(losses, rel=1e-5)
