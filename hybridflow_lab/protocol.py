@@ -95,6 +95,10 @@ class DataBatch:
             return {name: col[row] for name, col in self.columns().items()}
         return self._take(key)
 
+    def get(self, key: str, default: Any = None) -> Any:
+        """The column ``key``, or ``default`` when the batch has no such column."""
+        return self.columns().get(key, default)
+
     def __setitem__(self, key: str, value: Any) -> None:
         if self.keys() and len(value) != self._size:
             raise ValueError(f"column {key!r} has {len(value)} rows but the batch has {self._size}")

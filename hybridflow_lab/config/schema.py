@@ -57,6 +57,61 @@ class BatchConfig:
 
 
 @dataclass
+class AlgorithmConfig:
+    """Which dataflow runs and its knobs (see ``hybridflow_lab.trainer.dataflows``)."""
+
+    name: str = "grpo"  # ppo | grpo | dr_grpo | rloo | remax | reinforce_plus_plus | reinforce_plus_plus_baseline
+    #                     | safe_rlhf
+    gamma: float = 1.0
+    lam: float = 1.0
+    kl_coef: float = 0.0  # 0 = no reference model
+    kl_kind: str = "k3"  # k1 | k2 | k3 | abs
+    kl_in_reward: bool = False  # True: subtract from the rewards (PPO style); False: a loss term (GRPO style)
+    kl_target: float = 0.0  # > 0: adaptive KL controller aiming at this KL
+    kl_horizon: int = 10000
+    policy_loss: str = "ppo"
+    clip_low: float = 0.2
+    clip_high: float = 0.2  # > clip_low: DAPO's clip-higher
+    dual_clip: float = 0.0  # > 1 enables dual clip
+    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean
+    entropy_coef: float = 0.0
+    value_clip: float = 0.2
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, draw more
+    max_sampling_rounds: int = 4
+    overlong_buffer: int = 0  # DAPO overlong shaping: > 0 penalises the last tokens before max_new_tokens
+    overlong_factor: float = 1.0
+    cost_limit: float = 0.0  # Safe-RLHF: the expected cost to stay under
+    lagrange_init: float = 1.0
+    lagrange_lr: float = 0.1
+
+
+@dataclass
+class TaskConfig:
+    """Where prompts and rewards come from: a bundled task, or a GSM8K-format file."""
+
+    name: str = "arithmetic"  # a bundled task, or "gsm8k"
+    digits: int = 2
+    operators: str = "+"
+    dataset_path: str = ""  # gsm8k: .jsonl or .parquet
+    eval_size: int = 64
+    cost: str = ""  # safe_rlhf: a rule cost ("digit_cost")
+
+
+@dataclass
+class TrainerConfig:
+    """The run loop: steps, run directory, checkpoints, logging."""
+
+    steps: int = 20
+    run_dir: str = "runs/lab"
+    save_every: int = 0  # 0: only when asked
+    keep_checkpoints: int = 2
+    eval_every: int = 0
+    progress: bool = True
+    wandb: bool = False
+    wandb_project: str = "hybridflow-lab"
+
+
+@dataclass
 class LabConfig:
     """Everything a run needs. ``actor.model_path`` is the policy (and the reference policy)."""
 
@@ -67,3 +122,6 @@ class LabConfig:
     reward_model_path: str = ""  # empty: rule rewards only
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -1,1 +1,29 @@
 """Tasks: prompts, ground truths and their reward rules."""
+
+from hybridflow_lab.tasks.arithmetic import ArithmeticTask
+from hybridflow_lab.tasks.base import Example, Task
+from hybridflow_lab.tasks.cost import digit_cost
+from hybridflow_lab.tasks.gsm8k import extract_answer, gsm8k_reward, load_gsm8k
+from hybridflow_lab.tasks.registry import TASKS, make_task
+from hybridflow_lab.tasks.rewards import exact_match, integer_format_score, permutation_score
+from hybridflow_lab.tasks.sorting import SortingTask
+from hybridflow_lab.tasks.source import PromptSource, held_out, split_examples
+
+__all__ = [
+    "TASKS",
+    "ArithmeticTask",
+    "Example",
+    "PromptSource",
+    "SortingTask",
+    "Task",
+    "digit_cost",
+    "exact_match",
+    "extract_answer",
+    "gsm8k_reward",
+    "held_out",
+    "integer_format_score",
+    "load_gsm8k",
+    "make_task",
+    "permutation_score",
+    "split_examples",
+]

@@ -13,18 +13,20 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from hybridflow_lab.algorithms.losses import ppo_policy_loss
+from hybridflow_lab.algorithms.kl import kl_estimate
+from hybridflow_lab.algorithms.losses import aggregate, ppo_policy_loss
+from hybridflow_lab.algorithms.registry import PolicyLoss
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, Worker, register
 from hybridflow_lab.engines import SamplingParams, build_train_engine
-from hybridflow_lab.engines.forward import count_response_tokens, response_log_probs
+from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.torch_rollout import TorchRollout
 
 if TYPE_CHECKING:
     from hybridflow_lab.engines.vllm_rollout import VllmRollout
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.protocol import DataBatch
-from hybridflow_lab.workers.batching import average, micro_batches, minibatches, per_rank_minibatch
+from hybridflow_lab.workers.batching import micro_batches, per_rank_minibatch, train_minibatches
 
 ADVANTAGE_KEYS = ("responses", "response_mask", "old_log_probs", "advantages")
 
@@ -82,14 +84,16 @@ class ActorWorker(Worker):
         self.synced_updates = self.updates
 
     @register(Dispatch.DP_COMPUTE)
-    def generate_sequences(self, prompts: DataBatch, greedy: bool = False, n: int | None = None) -> DataBatch:
+    def generate_sequences(self, prompts: DataBatch, greedy: bool = False, n: int | None = None,
+                           seed: int | None = None) -> DataBatch:
         """``samples_per_prompt`` responses per left-padded prompt (``input_ids``, ``attention_mask``).
 
         Returns the sequence layout for training, ``rollout_log_probs``, the decoded
         ``response_text``, and every non-tensor column of the prompts repeated per sample.
         """
         self._sync_generation_weights()
-        params = sampling_params(self.config, greedy=greedy, n=n or self.config.batch.samples_per_prompt)
+        params = sampling_params(self.config, greedy=greedy, n=n or self.config.batch.samples_per_prompt,
+                                 seed=None if seed is None else seed * 1009 + self.rank)
         with self.span("generate", prompts=len(prompts)) as attrs:
             out = self.rollout.generate(prompts["input_ids"], prompts["attention_mask"], params)
             attrs["tokens"] = int(out["response_mask"].sum())
@@ -127,30 +131,43 @@ class ActorWorker(Worker):
         return DataBatch({"ref_log_probs": self._log_probs(self.reference, batch, with_entropy=False)["log_probs"]})
 
     @register(Dispatch.DP_COMPUTE)
-    def update_actor(self, batch: DataBatch, clip_low: float = 0.2, clip_high: float = 0.2) -> DataBatch:
-        """PPO-clip updates over this rank's share; needs ``old_log_probs`` and ``advantages``.
+    def update_actor(self, batch: DataBatch, policy_loss: PolicyLoss = ppo_policy_loss, kl_coef: float = 0.0,
+                     seed: int = 0) -> DataBatch:
+        """Policy updates over this rank's share; needs ``old_log_probs`` and ``advantages``.
 
-        One optimizer step per ``update_minibatch_sequences`` (over all ranks) for
-        ``update_epochs`` passes. Returns no rows, the mean metrics in ``meta["metrics"]``.
+        ``policy_loss`` is any registered loss (a function, so one defined in a notebook works
+        in the workers); ``kl_coef`` > 0 adds the KL to the reference as a loss term (needs
+        ``ref_log_probs``). One optimizer step per ``update_minibatch_sequences`` (over all
+        ranks), ``update_epochs`` passes, rows shuffled with ``seed``. Returns no rows and the
+        mean metrics in ``meta["metrics"]``.
         """
-        missing = [k for k in ADVANTAGE_KEYS if k not in batch]
+        needed = [*ADVANTAGE_KEYS, *(["ref_log_probs"] if kl_coef else [])]
+        missing = [k for k in needed if k not in batch]
         if missing:
-            raise KeyError(f"update_actor needs columns {missing}; compute them first (compute_log_prob, advantages)")
-        temperature = self.config.rollout.temperature
+            raise KeyError(f"update_actor needs columns {missing}; compute them first (compute_log_prob, "
+                           "compute_ref_log_prob, advantages)")
+        algorithm, temperature = self.config.algorithm, self.config.rollout.temperature
 
         def loss(module: torch.nn.Module, micro: DataBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            log_probs, _ = response_log_probs(module, micro, temperature)
-            return ppo_policy_loss(log_probs, micro["old_log_probs"], micro["advantages"], micro["response_mask"],
-                                   clip_low, clip_high)
+            mask = micro["response_mask"]
+            log_probs, entropy = response_log_probs(module, micro, temperature, algorithm.entropy_coef > 0)
+            token_loss, metrics = policy_loss(log_probs, micro["old_log_probs"], micro["advantages"], mask,
+                                              clip_low=algorithm.clip_low, clip_high=algorithm.clip_high,
+                                              dual_clip=algorithm.dual_clip or None)
+            metrics = {"pg_loss": token_loss, **metrics}
+            if entropy is not None:
+                token_loss = token_loss - algorithm.entropy_coef * entropy
+                metrics["entropy_loss"] = entropy
+            if kl_coef:
+                kl = kl_estimate(log_probs, micro["ref_log_probs"], algorithm.kl_kind)
+                token_loss = token_loss + kl_coef * kl
+                metrics["kl_loss"] = kl
+            return aggregate(token_loss, mask, algorithm.loss_agg)[0], {
+                k: aggregate(v, mask, algorithm.loss_agg)[0] for k, v in metrics.items()}
 
-        steps = []
-        size = per_rank_minibatch(self.config.batch, self.world_size)
+        steps = train_minibatches(self.engine, batch, self.config, self.world_size, seed, loss)
         self.updates += 1
-        for mini in minibatches(batch, size, self.config.batch.update_epochs, self.config.seed + self.updates):
-            micros = micro_batches(mini, self.config.batch.micro_batch_sequences_per_rank)
-            steps.append(self.engine.train_step(micros, loss, count_response_tokens))
-        metrics = {f"actor/{'pg_loss' if k == 'loss' else k}": v for k, v in average(steps).items()}
-        return DataBatch(meta={"metrics": metrics})
+        return DataBatch(meta={"metrics": {f"actor/{k}": v for k, v in steps.items() if k != "loss"}})
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

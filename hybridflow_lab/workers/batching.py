@@ -6,7 +6,9 @@ from collections.abc import Iterator
 
 import torch
 
-from hybridflow_lab.config import BatchConfig
+from hybridflow_lab.algorithms.losses import aggregate
+from hybridflow_lab.config import BatchConfig, LabConfig
+from hybridflow_lab.engines.train_base import LossFn, TrainEngine
 from hybridflow_lab.protocol import DataBatch
 
 
@@ -30,3 +32,22 @@ def average(metrics: list[dict[str, float]]) -> dict[str, float]:
     """Mean of each metric over optimizer steps."""
     keys = metrics[0].keys() if metrics else ()
     return {k: sum(m[k] for m in metrics) / len(metrics) for k in keys}
+
+
+def train_minibatches(engine: TrainEngine, rows: DataBatch, config: LabConfig, ranks: int, seed: int,
+                      loss: LossFn) -> dict[str, float]:
+    """One optimizer step per mini-batch of ``rows`` (this rank's share); the steps' mean metrics.
+
+    The loss function aggregates with ``algorithm.loss_agg``, so the engine averages by that
+    mode's units (tokens or sequences) over all micro-batches and ranks.
+    """
+    batch, mode = config.batch, config.algorithm.loss_agg
+
+    def units(micro: DataBatch) -> float:
+        mask = micro["response_mask"]
+        return aggregate(torch.zeros(mask.shape), mask, mode)[1]
+
+    steps = []
+    for mini in minibatches(rows, per_rank_minibatch(batch, ranks), batch.update_epochs, seed):
+        steps.append(engine.train_step(micro_batches(mini, batch.micro_batch_sequences_per_rank), loss, units))
+    return average(steps)

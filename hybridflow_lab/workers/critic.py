@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow_lab.algorithms.losses import clipped_value_loss
+from hybridflow_lab.algorithms.losses import aggregate, clipped_value_loss
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, Worker, register
 from hybridflow_lab.engines import build_train_engine
-from hybridflow_lab.engines.forward import count_response_tokens, response_values
+from hybridflow_lab.engines.forward import response_values
 from hybridflow_lab.models.heads import load_scalar_model
 from hybridflow_lab.protocol import DataBatch
-from hybridflow_lab.workers.batching import average, micro_batches, minibatches, per_rank_minibatch
+from hybridflow_lab.workers.batching import micro_batches, per_rank_minibatch, train_minibatches
 
 
 class CriticWorker(Worker):
@@ -28,7 +28,6 @@ class CriticWorker(Worker):
             micro_batches_per_step=per_rank_minibatch(batch, self.world_size) // micro, offload=role.engine.offload,
             bf16=role.engine.bf16,
         )
-        self.updates = 0
 
     @register(Dispatch.DP_COMPUTE)
     def compute_values(self, batch: DataBatch) -> DataBatch:
@@ -38,20 +37,18 @@ class CriticWorker(Worker):
         return DataBatch({"values": torch.cat(parts) * batch["response_mask"]})
 
     @register(Dispatch.DP_COMPUTE)
-    def update_critic(self, batch: DataBatch, clip: float = 0.2) -> DataBatch:
+    def update_critic(self, batch: DataBatch, seed: int = 0) -> DataBatch:
         """Regress values on ``returns`` (needs ``values`` from before the update); metrics in meta."""
-        def loss(module: torch.nn.Module, micro: DataBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            values = response_values(module, micro)
-            return clipped_value_loss(values, micro["values"], micro["returns"], micro["response_mask"], clip)
+        clip, mode = self.config.algorithm.value_clip, self.config.algorithm.loss_agg
 
-        steps = []
-        self.updates += 1
-        size = per_rank_minibatch(self.config.batch, self.world_size)
-        for mini in minibatches(batch, size, self.config.batch.update_epochs, self.config.seed + self.updates):
-            micros = micro_batches(mini, self.config.batch.micro_batch_sequences_per_rank)
-            steps.append(self.engine.train_step(micros, loss, count_response_tokens))
-        return DataBatch(meta={"metrics": {f"critic/{'vf_loss' if k == 'loss' else k}": v
-                                           for k, v in average(steps).items()}})
+        def loss(module: torch.nn.Module, micro: DataBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            mask = micro["response_mask"]
+            token_loss, metrics = clipped_value_loss(response_values(module, micro), micro["values"],
+                                                     micro["returns"], mask, clip)
+            return aggregate(token_loss, mask, mode)[0], {k: aggregate(v, mask, mode)[0] for k, v in metrics.items()}
+
+        steps = train_minibatches(self.engine, batch, self.config, self.world_size, seed, loss)
+        return DataBatch(meta={"metrics": {f"critic/{'vf_loss' if k == 'loss' else k}": v for k, v in steps.items()}})
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

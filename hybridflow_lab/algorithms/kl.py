@@ -1,0 +1,77 @@
+"""KL estimators between the policy and the reference, the KL reward penalty, and KL coefficient controllers."""
+
+from __future__ import annotations
+
+import torch
+
+KL_KINDS = ("k1", "k2", "k3", "abs")
+
+
+def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str = "k1") -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from sampled-token log-probs; ``kind`` in ``KL_KINDS``."""
+    log_ratio = log_probs - ref_log_probs
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio**2
+    if kind == "k3":
+        # Schulman's unbiased, always non-negative estimator; the clamp guards against exp overflow.
+        return (torch.exp(-log_ratio) + log_ratio - 1).clamp(-10.0, 10.0)
+    if kind == "abs":
+        return log_ratio.abs()
+    raise ValueError(f"unknown KL estimator {kind!r}; known: {', '.join(KL_KINDS)}")
+
+
+def apply_kl_penalty(
+    token_scores: torch.Tensor,
+    log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    coef: float,
+    kind: str = "k1",
+) -> tuple[torch.Tensor, float]:
+    """Token rewards = scores - coef * KL on valid tokens; also the batch mean of per-sequence mean KLs."""
+    valid = mask.bool()
+    kl = torch.where(valid, kl_estimate(log_probs, ref_log_probs, kind), torch.zeros_like(log_probs))
+    token_rewards = torch.where(valid, token_scores - coef * kl, torch.zeros_like(kl))
+    lengths = valid.sum(dim=1)
+    nonempty = lengths > 0
+    per_sequence = kl.sum(dim=1)[nonempty] / lengths[nonempty]
+    mean_kl = per_sequence.mean().item() if per_sequence.numel() else 0.0
+    return token_rewards, mean_kl
+
+
+class FixedKLController:
+    """A constant KL coefficient."""
+
+    def __init__(self, coef: float) -> None:
+        self.value = float(coef)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """Keep the coefficient unchanged."""
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
+
+
+class AdaptiveKLController:
+    """Ziegler et al.'s proportional controller steering the observed KL towards ``target``."""
+
+    def __init__(self, init_coef: float, target: float, horizon: int) -> None:
+        self.value = float(init_coef)
+        self.target = float(target)
+        self.horizon = horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """Scale the coefficient by 1 + clip(kl / target - 1, +-0.2) * n_steps / horizon."""
+        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])

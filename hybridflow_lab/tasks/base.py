@@ -1,0 +1,34 @@
+"""What a task is: examples with a ground truth, and the rule that scores a response."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt, its ground-truth answer and the name of the task or dataset it came from."""
+
+    prompt: str
+    answer: str
+    data_source: str
+
+
+class Task(Protocol):
+    """A verifiable task: draws examples and scores responses by rule (no learned reward model)."""
+
+    name: str
+
+    def sample(self, rng: random.Random) -> Example:
+        """Draw one example using only ``rng`` (so equal rng states give equal examples)."""
+        ...
+
+    def reward(self, prompt: str, response: str, ground_truth: str) -> float:
+        """Score ``response`` to ``prompt`` against ``ground_truth``."""
+        ...
+
+    def demonstration(self, example: Example) -> str:
+        """The text an SFT model should produce after the prompt (without the EOS token)."""
+        ...

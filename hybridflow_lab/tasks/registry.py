@@ -1,0 +1,18 @@
+"""The bundled tasks by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hybridflow_lab.tasks.arithmetic import ArithmeticTask
+from hybridflow_lab.tasks.base import Task
+from hybridflow_lab.tasks.sorting import SortingTask
+
+TASKS: dict[str, Callable[..., Task]] = {"arithmetic": ArithmeticTask, "sorting": SortingTask}
+
+
+def make_task(name: str, **kwargs: object) -> Task:
+    """The bundled task ``name`` built with ``kwargs`` (e.g. ``make_task("arithmetic", operators="+-")``)."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    return TASKS[name](**kwargs)

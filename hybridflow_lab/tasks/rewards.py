@@ -1,0 +1,30 @@
+"""Generic rule scores for short answers."""
+
+from __future__ import annotations
+
+import re
+
+_INTEGER = re.compile(r"-?\d+")
+
+
+def exact_match(response: str, truth: str) -> float:
+    """1.0 if ``response`` equals ``truth`` once surrounding whitespace is stripped, else 0.0."""
+    return float(response.strip() == truth.strip())
+
+
+def integer_format_score(response: str, truth: str, format_credit: float = 0.1) -> float:
+    """1.0 for the right answer, ``format_credit`` for a wrong but well-formed integer, else 0.0."""
+    if exact_match(response, truth):
+        return 1.0
+    return format_credit if _INTEGER.fullmatch(response.strip()) else 0.0
+
+
+def permutation_score(response: str, truth: str, scale: float = 0.5) -> float:
+    """1.0 for the right answer; for a rearrangement of ``truth``'s characters, ``scale`` times the
+    fraction of positions that already match; anything else 0.0."""
+    response, truth = response.strip(), truth.strip()
+    if response == truth:
+        return 1.0
+    if sorted(response) != sorted(truth) or not truth:
+        return 0.0
+    return scale * sum(a == b for a, b in zip(response, truth, strict=True)) / len(truth)

@@ -1,0 +1,43 @@
+"""Sorting a short string of characters: ``"sort:3142="`` -> ``"1234"``."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from hybridflow_lab.tasks.base import Example
+from hybridflow_lab.tasks.rewards import permutation_score
+
+PREFIX = "sort:"
+
+
+@dataclass(frozen=True)
+class SortingTask:
+    """``length`` characters drawn from ``alphabet`` (repeats allowed), to be put in ascending character order.
+
+    The reward is 1.0 for the sorted string, half the fraction of correctly placed characters for
+    another arrangement of the input's characters, and 0.0 otherwise.
+    """
+
+    length: int = 4
+    alphabet: str = "0123456789"
+    name: str = "sorting"
+
+    def __post_init__(self) -> None:
+        if self.length < 1:
+            raise ValueError(f"length must be at least 1, got {self.length}")
+        if not self.alphabet:
+            raise ValueError("alphabet must not be empty")
+
+    def sample(self, rng: random.Random) -> Example:
+        """Draw the characters one by one from the alphabet."""
+        text = "".join(rng.choice(self.alphabet) for _ in range(self.length))
+        return Example(f"{PREFIX}{text}=", "".join(sorted(text)), self.name)
+
+    def reward(self, prompt: str, response: str, ground_truth: str) -> float:
+        """1.0 exact, partial credit for a rearrangement of the input (see ``permutation_score``)."""
+        return permutation_score(response, ground_truth)
+
+    def demonstration(self, example: Example) -> str:
+        """Just the sorted string."""
+        return example.answer

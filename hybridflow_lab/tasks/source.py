@@ -1,0 +1,86 @@
+"""Training prompts drawn reproducibly from a task or a dataset, with state to resume from."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from hybridflow_lab.tasks.base import Example, Task
+
+
+class PromptSource:
+    """Batches of examples from a ``Task`` (an endless stream) or a list of examples (shuffled epochs).
+
+    From a task, example ``i`` is ``task.sample(random.Random(f"{seed}:{i}"))``: it depends only on
+    the seed and the index. From a dataset, each epoch visits every example once in an order
+    shuffled by the seed and the epoch number; batches run on across epoch boundaries.
+    """
+
+    def __init__(self, task_or_examples: Task | Sequence[Example], seed: int) -> None:
+        if isinstance(task_or_examples, Sequence):
+            if not task_or_examples:
+                raise ValueError("PromptSource needs at least one example")
+            self.task, self.examples = None, list(task_or_examples)
+        else:
+            self.task, self.examples = task_or_examples, []
+        self.seed = seed
+        self.index = 0  # examples drawn so far, over all epochs
+        self._epoch_order: tuple[int, list[int]] = (-1, [])  # the last epoch's order, kept
+
+    @property
+    def kind(self) -> str:
+        return "task" if self.task is not None else "dataset"
+
+    def next_batch(self, n: int) -> list[Example]:
+        """The next ``n`` examples."""
+        if n < 0:
+            raise ValueError(f"batch size must be non-negative, got {n}")
+        batch = [self._example(i) for i in range(self.index, self.index + n)]
+        self.index += n
+        return batch
+
+    def _example(self, i: int) -> Example:
+        if self.task is not None:
+            return self.task.sample(random.Random(f"{self.seed}:{i}"))
+        epoch, position = divmod(i, len(self.examples))
+        return self.examples[self._order(epoch)[position]]
+
+    def _order(self, epoch: int) -> list[int]:
+        if self._epoch_order[0] != epoch:
+            order = list(range(len(self.examples)))
+            random.Random(f"{self.seed}:epoch:{epoch}").shuffle(order)
+            self._epoch_order = (epoch, order)
+        return self._epoch_order[1]
+
+    def state_dict(self) -> dict[str, int | str]:
+        """Where the source is, as plain ints and strings."""
+        return {"kind": self.kind, "seed": self.seed, "index": self.index, "size": len(self.examples)}
+
+    def load_state_dict(self, state: dict[str, int | str]) -> None:
+        """Continue exactly where the source that saved ``state`` was (its seed included)."""
+        expected = {"kind": self.kind, "size": len(self.examples)}
+        found = {key: state.get(key) for key in expected}
+        if found != expected:
+            raise ValueError(f"state was saved by a different source: {found}, this one has {expected}")
+        self.seed, self.index = int(state["seed"]), int(state["index"])
+        self._epoch_order = (-1, [])
+
+
+def held_out(task: Task, n: int, seed: int) -> list[Example]:
+    """``n`` evaluation examples drawn from the ``eval`` seed namespace, apart from every training stream.
+
+    The random streams never coincide with a ``PromptSource``'s; a task with few distinct problems
+    can still repeat a training problem by chance.
+    """
+    return [task.sample(random.Random(f"eval:{seed}:{i}")) for i in range(n)]
+
+
+def split_examples(examples: Sequence[Example], eval_fraction: float, seed: int) -> tuple[list[Example],
+                                                                                         list[Example]]:
+    """A seeded (train, eval) split of a dataset; both parts keep the original order."""
+    n_eval = round(len(examples) * eval_fraction)
+    if not 0 < n_eval < len(examples):
+        raise ValueError(f"eval_fraction={eval_fraction} of {len(examples)} examples leaves an empty split")
+    chosen = set(random.Random(f"split:{seed}").sample(range(len(examples)), n_eval))
+    train = [example for i, example in enumerate(examples) if i not in chosen]
+    return train, [example for i, example in enumerate(examples) if i in chosen]

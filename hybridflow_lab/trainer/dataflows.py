@@ -1,0 +1,148 @@
+"""One short function per algorithm: the dataflow of one RL iteration, read top to bottom.
+
+Each takes the ``Lab`` (whose stage methods move batches between worker groups) and returns
+the step's final batch. Compare them side by side: they differ in which stages run and in
+the advantage estimator, nothing else. A user's own dataflow is a function of the same shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from hybridflow_lab.algorithms.dapo import informative_groups
+from hybridflow_lab.algorithms.safe_rlhf import combined_advantages
+from hybridflow_lab.config import LabConfig
+from hybridflow_lab.protocol import DataBatch
+
+if TYPE_CHECKING:
+    from hybridflow_lab.trainer.lab import Lab
+
+
+def ppo(lab: Lab) -> DataBatch:
+    """PPO: a critic, GAE advantages, critic and actor updates (the paper's Figure 4)."""
+    batch = lab.reward(lab.generate(lab.next_prompts()))
+    batch = lab.old_log_prob(batch)
+    if lab.uses_reference:
+        batch = lab.ref_log_prob(batch)
+    batch = lab.advantages(lab.values(batch))
+    lab.update_critic(batch)
+    lab.update_actor(batch)
+    return batch
+
+
+def grpo(lab: Lab) -> DataBatch:
+    """GRPO (and Dr.GRPO, RLOO, REINFORCE++): outcome rewards normalised within each prompt's group."""
+    batch = sample(lab)
+    batch = lab.old_log_prob(batch)
+    if lab.uses_reference:
+        batch = lab.ref_log_prob(batch)
+    batch = lab.advantages(batch)
+    lab.update_actor(batch)
+    return batch
+
+
+def remax(lab: Lab) -> DataBatch:
+    """ReMax: the baseline of each prompt is the reward of its greedy response."""
+    prompts = lab.next_prompts()
+    batch = lab.reward(lab.generate(prompts))
+    greedy = lab.reward(lab.generate(prompts, greedy=True, n=1))
+    baseline = dict(zip(greedy["uid"].tolist(), greedy["scores"].tolist(), strict=True))
+    batch["baseline_scores"] = [baseline[uid] for uid in batch["uid"].tolist()]
+    batch = lab.old_log_prob(batch)
+    if lab.uses_reference:
+        batch = lab.ref_log_prob(batch)
+    batch = lab.advantages(batch)
+    lab.update_actor(batch)
+    return batch
+
+
+def safe_rlhf(lab: Lab) -> DataBatch:
+    """Safe-RLHF: maximise reward subject to expected cost <= limit, via a Lagrange multiplier."""
+    batch = lab.reward(lab.generate(lab.next_prompts()))  # scores and costs
+    batch = lab.old_log_prob(batch)
+    if lab.uses_reference:
+        batch = lab.ref_log_prob(batch)
+    cost_advantages = lab.advantages(batch, scores="costs")["advantages"]
+    batch = lab.advantages(batch)  # reward advantages
+    multiplier = lab.lagrange.update(float(batch["costs"].mean()))
+    batch["advantages"] = combined_advantages(batch["advantages"], cost_advantages, multiplier)
+    lab.update_actor(batch)
+    lab.record({"safe/lagrange_multiplier": multiplier})
+    return batch
+
+
+def sample(lab: Lab) -> DataBatch:
+    """Generate and score; with DAPO's dynamic sampling, keep only groups whose rewards differ and
+    draw more prompts until a full batch is collected (or ``max_sampling_rounds`` is reached)."""
+    algorithm, wanted = lab.config.algorithm, lab.config.batch.rollout_batch_prompts
+    batch = lab.reward(lab.generate(lab.next_prompts()))
+    if not algorithm.dynamic_sampling:
+        return batch
+    kept = batch[informative_groups(batch["scores"], _group_ids(batch)).numpy()]
+    for _ in range(algorithm.max_sampling_rounds - 1):
+        if len(set(kept["uid"].tolist())) >= wanted:
+            break
+        more = lab.reward(lab.generate(lab.next_prompts()))
+        kept = DataBatch.concat([kept, more[informative_groups(more["scores"], _group_ids(more)).numpy()]])
+    if len(kept) == 0:
+        raise RuntimeError(f"dynamic sampling kept no group in {algorithm.max_sampling_rounds} rounds: every "
+                           "prompt's samples got equal rewards; raise samples_per_prompt or max_sampling_rounds")
+    uids = sorted(set(kept["uid"].tolist()))[:wanted]
+    lab.record({"dapo/kept_groups": len(uids)})
+    return kept[np.isin(kept["uid"], uids)]
+
+
+def _group_ids(batch: DataBatch) -> torch.Tensor:
+    return torch.as_tensor(batch["uid"].astype(np.int64))
+
+
+Dataflow = Callable[["Lab"], DataBatch]
+
+DATAFLOWS: dict[str, Dataflow] = {
+    "ppo": ppo, "grpo": grpo, "dr_grpo": grpo, "rloo": grpo, "reinforce_plus_plus": grpo,
+    "reinforce_plus_plus_baseline": grpo, "remax": remax, "safe_rlhf": safe_rlhf,
+}
+ESTIMATOR_OF: dict[str, str] = {
+    "ppo": "gae", "grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "reinforce_plus_plus": "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline": "reinforce_plus_plus_baseline", "remax": "remax", "safe_rlhf": "grpo",
+}
+
+
+def register_dataflow(name: str, dataflow: Dataflow, estimator: str) -> None:
+    """Make ``algorithm.name=<name>`` run ``dataflow`` with advantage estimator ``estimator``."""
+    DATAFLOWS[name], ESTIMATOR_OF[name] = dataflow, estimator
+
+
+def uses_critic(config: LabConfig) -> bool:
+    return ESTIMATOR_OF.get(config.algorithm.name) == "gae"
+
+
+def check_algorithm(config: LabConfig) -> None:
+    """Reject algorithm settings that cannot run, before any worker starts."""
+    from hybridflow_lab.algorithms.kl import kl_estimate
+    from hybridflow_lab.algorithms.losses import aggregate
+    from hybridflow_lab.algorithms.registry import get_advantage_estimator, get_policy_loss
+    from hybridflow_lab.config import ConfigError
+
+    algorithm = config.algorithm
+    if algorithm.name not in DATAFLOWS:
+        raise ConfigError("algorithm.name", f"{algorithm.name!r} is not one of {sorted(DATAFLOWS)}")
+    checks = {
+        "algorithm.policy_loss": lambda: get_policy_loss(algorithm.policy_loss),
+        "algorithm.kl_kind": lambda: kl_estimate(torch.zeros(1), torch.zeros(1), algorithm.kl_kind),
+        "algorithm.loss_agg": lambda: aggregate(torch.zeros(1, 1), torch.ones(1, 1), algorithm.loss_agg),
+        "algorithm.name ": lambda: get_advantage_estimator(ESTIMATOR_OF[algorithm.name]),
+    }
+    for key, check in checks.items():
+        try:
+            check()
+        except (KeyError, ValueError) as exc:
+            raise ConfigError(key.strip(), str(exc.args[0] if exc.args else exc)) from None
+    if algorithm.name == "safe_rlhf" and not config.task.cost:
+        raise ConfigError("task.cost", "safe_rlhf needs a cost signal; set task.cost (e.g. digit_cost)")
+    if algorithm.name == "ppo" and algorithm.dynamic_sampling:
+        raise ConfigError("algorithm.dynamic_sampling", "dynamic sampling applies to group-based algorithms, not ppo")

@@ -1,0 +1,323 @@
+"""``Lab``: the single controller of an RL run, living in a notebook kernel or a script.
+
+Building a Lab validates the config and starts the worker groups; every RLHF stage is a
+public method that takes and returns a ``DataBatch``, so a notebook can run an iteration
+cell by cell. ``step()`` runs the configured algorithm's dataflow (``dataflows.py``) and
+``run(n)`` repeats it with metrics, checkpoints and a progress bar. Re-running the cell that
+builds a Lab with the same name replaces its worker groups.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoTokenizer
+
+from hybridflow_lab.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
+from hybridflow_lab.algorithms.registry import get_advantage_estimator, get_policy_loss
+from hybridflow_lab.algorithms.safe_rlhf import LagrangeMultiplier
+from hybridflow_lab.config import LabConfig, to_dict, validate
+from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup, init_cluster
+from hybridflow_lab.protocol import DataBatch
+from hybridflow_lab.tasks.base import Example
+from hybridflow_lab.tasks.prompts import encode_prompts
+from hybridflow_lab.telemetry import JsonlSink, TelemetryStore
+from hybridflow_lab.trainer import checkpointing
+from hybridflow_lab.trainer.dataflows import DATAFLOWS, ESTIMATOR_OF, check_algorithm, uses_critic
+from hybridflow_lab.trainer.metrics import data_metrics, throughput
+from hybridflow_lab.trainer.presets import resolve_config
+from hybridflow_lab.trainer.run_log import MetricsLog
+from hybridflow_lab.trainer.stages import Stage
+from hybridflow_lab.trainer.task_setup import build_task
+from hybridflow_lab.workers import ActorWorker, CriticWorker, RewardModelWorker, rule_scores
+from hybridflow_lab.workers.reward import token_level
+
+TRAINING_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+
+
+class Lab:
+    """An RL run: config, task, worker groups and the state between steps."""
+
+    def __init__(self, config: LabConfig | str | os.PathLike[str] | None = None, *, overrides: tuple[str, ...] = (),
+                 name: str | None = None, start: bool = True, resume: bool = False) -> None:
+        self.config = resolve_config(config, overrides)
+        validate(self.config, roles=("actor", "critic") if uses_critic(self.config) else ("actor",))
+        check_algorithm(self.config)
+        self.name = name or Path(self.config.trainer.run_dir).name
+        self.run_dir = Path(self.config.trainer.run_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.config.actor.model_path, local_files_only=True)
+        self.task = build_task(self.config)
+        algorithm = self.config.algorithm
+        self.kl = AdaptiveKLController(algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon) \
+            if algorithm.kl_target > 0 else FixedKLController(algorithm.kl_coef)
+        self.lagrange = LagrangeMultiplier(algorithm.lagrange_init, algorithm.lagrange_lr, algorithm.cost_limit)
+        self.telemetry = TelemetryStore()
+        self.step_index = 0
+        self.history: list[dict[str, float]] = []
+        self.groups: dict[str, WorkerGroup] = {}
+        self._metrics: dict[str, float] = {}
+        self._calls = 0
+        self._next_uid = 0
+        self.log: MetricsLog | None = None
+        self._spans: JsonlSink | None = None
+        if start:
+            self.start(resume=resume)
+
+    # ------------------------------------------------------------------ lifetime
+    def start(self, resume: bool = False) -> None:
+        """Start (or restart) the worker groups; with ``resume``, continue from the latest checkpoint."""
+        self.shutdown()
+        config = self.config
+        if config.backend == "ray":
+            init_cluster()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._spans = JsonlSink(self.run_dir / "spans.jsonl").attach(self.telemetry)
+        self.log = MetricsLog(self.run_dir, config.trainer.wandb_project if config.trainer.wandb else None,
+                              to_dict(config))
+        pool = ResourcePool(config.actor.ranks, name=f"{self.name}.actor")
+        options = {"backend": config.backend, "telemetry": self.telemetry}
+        self.groups["actor"] = WorkerGroup(Role(ActorWorker, config), pool, name=f"{self.name}.actor", **options)
+        if uses_critic(config):
+            critic_pool = pool if config.critic.ranks == config.actor.ranks else ResourcePool(config.critic.ranks)
+            self.groups["critic"] = WorkerGroup(Role(CriticWorker, config), critic_pool, name=f"{self.name}.critic",
+                                                **options)
+        if config.reward_model_path:
+            self.groups["reward_model"] = WorkerGroup(
+                Role(RewardModelWorker, config.reward_model_path, config.batch.micro_batch_sequences_per_rank), pool,
+                name=f"{self.name}.reward_model", **options)
+        if resume and checkpointing.latest(self.run_dir) is not None:
+            self.load()
+
+    def shutdown(self) -> None:
+        """Stop the worker groups and close the logs (the Lab can be started again)."""
+        for group in self.groups.values():
+            group.shutdown()
+        self.groups = {}
+        for closable in (self.log, self._spans):
+            if closable is not None:
+                closable.close()
+        self.log, self._spans = None, None
+
+    @property
+    def actor(self) -> WorkerGroup:
+        if "actor" not in self.groups:
+            raise RuntimeError("the Lab's worker groups are not running; call lab.start()")
+        return self.groups["actor"]
+
+    @property
+    def critic(self) -> WorkerGroup:
+        if "critic" not in self.groups:
+            raise RuntimeError(f"algorithm {self.config.algorithm.name!r} runs without a critic")
+        return self.groups["critic"]
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.config.algorithm.kl_coef > 0
+
+    # -------------------------------------------------------------------- stages
+    @contextmanager
+    def _stage(self, stage: Stage) -> Iterator[dict[str, Any]]:
+        start = time.perf_counter()
+        with self.telemetry.stage(stage.value, step=self.step_index) as attrs:
+            yield attrs
+        key = f"timing_s/{stage.value}"
+        self._metrics[key] = self._metrics.get(key, 0.0) + time.perf_counter() - start
+
+    def _seed(self) -> int:
+        """A fresh seed for each sampling call, derived from the run seed and the step: resumable."""
+        self._calls += 1
+        return self.config.seed * 1_000_003 + self.step_index * 101 + self._calls
+
+    def next_prompts(self, n: int | None = None) -> DataBatch:
+        """The next ``rollout_batch_prompts`` prompts, left-padded, with ground truths and group ids (``uid``)."""
+        with self._stage(Stage.NEXT_PROMPTS):
+            examples = self.task.source.next_batch(n or self.config.batch.rollout_batch_prompts)
+            batch = self._encode(examples)
+            batch["data_source"] = [e.data_source for e in examples]
+            batch["uid"] = np.arange(self._next_uid, self._next_uid + len(examples))
+            self._next_uid += len(examples)
+        return batch
+
+    def _encode(self, examples: list[Example]) -> DataBatch:
+        texts, truths = [e.prompt for e in examples], [e.answer for e in examples]
+        return encode_prompts(self.tokenizer, texts, self.config.rollout.max_prompt_tokens, truths)
+
+    def generate(self, prompts: DataBatch, greedy: bool = False, n: int | None = None) -> DataBatch:
+        """Responses from the actor (``samples_per_prompt`` per prompt unless ``n``)."""
+        with self._stage(Stage.GENERATE):
+            return self.actor.generate_sequences(prompts, greedy=greedy, n=n, seed=self._seed())
+
+    def reward(self, batch: DataBatch) -> DataBatch:
+        """Sequence ``scores`` (the task's rule or the reward model), shaped, on the last token; ``costs`` if set."""
+        with self._stage(Stage.REWARD):
+            if "reward_model" in self.groups:
+                scores = self.groups["reward_model"].compute_rm_score(batch.select(*TRAINING_COLUMNS))["scores"]
+            else:
+                scores = rule_scores(batch, self.task.reward)["scores"]
+            scores = scores + self.task.shaping(batch["response_mask"].sum(-1))
+            columns = {"scores": scores, "token_level_scores": token_level(scores, batch["response_mask"])}
+            if self.task.cost is not None:
+                columns["costs"] = rule_scores(batch, self.task.cost)["scores"]
+        return batch.union(DataBatch(columns))
+
+    def old_log_prob(self, batch: DataBatch) -> DataBatch:
+        """``old_log_probs`` and ``entropy`` of the responses under the current policy."""
+        with self._stage(Stage.OLD_LOG_PROB):
+            return batch.union(self.actor.compute_log_prob(batch.select(*TRAINING_COLUMNS)))
+
+    def ref_log_prob(self, batch: DataBatch) -> DataBatch:
+        """``ref_log_probs`` under the frozen reference policy."""
+        with self._stage(Stage.REF):
+            return batch.union(self.actor.compute_ref_log_prob(batch.select(*TRAINING_COLUMNS)))
+
+    def values(self, batch: DataBatch) -> DataBatch:
+        """The critic's ``values`` per response token."""
+        with self._stage(Stage.VALUES):
+            return batch.union(self.critic.compute_values(batch.select(*TRAINING_COLUMNS)))
+
+    def advantages(self, batch: DataBatch, estimator: str | None = None, scores: str = "scores") -> DataBatch:
+        """``advantages`` and ``returns`` with the algorithm's estimator (or ``estimator``) on ``scores``.
+
+        With ``algorithm.kl_in_reward`` the KL to the reference is first subtracted from the token
+        rewards (``token_rewards``) and the KL controller is updated.
+        """
+        algorithm = self.config.algorithm
+        with self._stage(Stage.ADV):
+            mask = batch["response_mask"]
+            token_rewards = token_level(batch[scores], mask)
+            if algorithm.kl_in_reward and self.uses_reference:
+                token_rewards, kl = apply_kl_penalty(token_rewards, batch["old_log_probs"], batch["ref_log_probs"],
+                                                     mask, self.kl.value, algorithm.kl_kind)
+                self._metrics.update({"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": self.kl.value})
+                self.kl.update(kl, len(batch))
+            name = estimator or ESTIMATOR_OF[algorithm.name]
+            advantages, returns = get_advantage_estimator(name)(
+                token_rewards=token_rewards, scores=batch[scores], values=batch.get("values"),
+                group_ids=torch.as_tensor(batch["uid"].astype(np.int64)), mask=mask,
+                baseline_scores=batch.get("baseline_scores"),
+                gamma=algorithm.gamma, lam=algorithm.lam,
+            )
+        return batch.union(DataBatch({"advantages": advantages, "returns": returns, "token_rewards": token_rewards}))
+
+    def update_critic(self, batch: DataBatch) -> dict[str, float]:
+        """One pass of critic updates over the step's sequences; returns the critic metrics."""
+        with self._stage(Stage.UPDATE_CRITIC):
+            columns = batch.select(*TRAINING_COLUMNS, "values", "returns")
+            metrics = self.critic.update_critic(columns, seed=self._seed()).meta["metrics"]
+        self._metrics.update(metrics)
+        return metrics
+
+    def update_actor(self, batch: DataBatch) -> dict[str, float]:
+        """PPO-style policy updates with the configured loss; returns the actor metrics."""
+        algorithm = self.config.algorithm
+        kl_loss = self.uses_reference and not algorithm.kl_in_reward
+        with self._stage(Stage.UPDATE_ACTOR):
+            keys = (*TRAINING_COLUMNS, "old_log_probs", "advantages", *(("ref_log_probs",) if kl_loss else ()))
+            metrics = self.actor.update_actor(batch.select(*keys), policy_loss=get_policy_loss(algorithm.policy_loss),
+                                              kl_coef=self.kl.value if kl_loss else 0.0, seed=self._seed())
+            metrics = metrics.meta["metrics"]
+        if "ref_log_probs" in batch:
+            metrics["actor/kl"] = float(((batch["old_log_probs"] - batch["ref_log_probs"]) * batch["response_mask"])
+                                        .sum() / batch["response_mask"].sum())
+        self._metrics.update(metrics)
+        return metrics
+
+    def record(self, metrics: dict[str, float]) -> None:
+        """Add metrics to the current step (for dataflows that compute their own)."""
+        self._metrics.update(metrics)
+
+    # ---------------------------------------------------------------- iterations
+    def step(self) -> dict[str, float]:
+        """One iteration of the configured algorithm's dataflow; returns (and logs) its metrics."""
+        self._metrics, self._calls = {}, 0
+        start = time.perf_counter()
+        batch = DATAFLOWS[self.config.algorithm.name](self)
+        seconds = time.perf_counter() - start
+        metrics = {**self._metrics, **data_metrics(batch, self.config.rollout.max_new_tokens),
+                   **throughput(batch, seconds), "timing_s/step": seconds,
+                   "train/accuracy": float((batch["scores"] >= 1.0).float().mean())}
+        self.step_index += 1
+        self.last_batch = batch
+        trainer = self.config.trainer
+        if trainer.eval_every and self.step_index % trainer.eval_every == 0:
+            metrics.update(self.evaluate())
+        self.history.append(metrics)
+        if self.log is not None:
+            self.log.log(self.step_index, metrics)
+        if trainer.save_every and self.step_index % trainer.save_every == 0:
+            self.save()
+        return metrics
+
+    def run(self, steps: int | None = None) -> list[dict[str, float]]:
+        """``steps`` iterations (default ``trainer.steps``) with a progress bar; returns their metrics."""
+        from tqdm.auto import tqdm
+
+        count = self.config.trainer.steps if steps is None else steps
+        results = []
+        with tqdm(total=count, disable=not self.config.trainer.progress, desc=self.name, unit="step") as bar:
+            for _ in range(count):
+                metrics = self.step()
+                results.append(metrics)
+                bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}", acc=f"{metrics['train/accuracy']:.2f}")
+                bar.update()
+        return results
+
+    def evaluate(self, examples: list[Example] | None = None) -> dict[str, float]:
+        """Greedy accuracy and mean score on the held-out examples."""
+        examples = examples if examples is not None else self.task.eval_examples
+        with self._stage(Stage.EVALUATE):
+            out = self.actor.generate_sequences(self._encode(examples), greedy=True, n=1, seed=0)
+            scores = rule_scores(out, self.task.reward)["scores"]
+        return {"eval/accuracy": float((scores >= 1.0).float().mean()), "eval/score": float(scores.mean())}
+
+    def show(self, batch: DataBatch | None = None, rows: int = 8) -> Any:
+        """Prompts, responses, scores and advantages as a table."""
+        batch = batch if batch is not None else self.last_batch
+        wanted = [k for k in ("prompt_text", "response_text", "ground_truth", "scores", "costs") if k in batch]
+        frame = batch[:rows].select(*wanted).to_pandas()
+        if "advantages" in batch:
+            mask = batch["response_mask"][:rows].float()
+            frame["advantage"] = ((batch["advantages"][:rows] * mask).sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
+        return frame
+
+    # --------------------------------------------------------------- checkpoints
+    def save(self) -> Path:
+        """Checkpoint every role and the controller state for ``step_index`` (atomically)."""
+        with self._stage(Stage.SAVE):
+            staging = checkpointing.staging_dir(self.run_dir, self.step_index)
+            for role, group in self.groups.items():
+                if role != "reward_model":
+                    group.save_checkpoint(str(staging / role))
+            state = {"step": self.step_index, "next_uid": self._next_uid, "source": self.task.source.state_dict(),
+                     "kl": self.kl.state_dict(), "lagrange": self.lagrange.state_dict(),
+                     "config": to_dict(self.config)}
+            return checkpointing.commit(self.run_dir, self.step_index, state, self.config.trainer.keep_checkpoints)
+
+    def load(self, checkpoint: str | os.PathLike[str] | None = None) -> int:
+        """Restore roles and controller state from ``checkpoint`` (default: the run's latest); returns its step."""
+        path = Path(checkpoint) if checkpoint is not None else checkpointing.latest(self.run_dir)
+        if path is None:
+            raise FileNotFoundError(f"no checkpoint under {self.run_dir / 'checkpoints'}")
+        state = checkpointing.read_state(path)
+        for role, group in self.groups.items():
+            if role != "reward_model":
+                group.load_checkpoint(str(path / role))
+        self.step_index, self._next_uid = state["step"], state["next_uid"]
+        self.task.source.load_state_dict(state["source"])
+        self.kl.load_state_dict(state["kl"])
+        self.lagrange.load_state_dict(state["lagrange"])
+        if self.log is not None:
+            self.log.truncate_after(self.step_index)
+        return self.step_index
+
+    def __repr__(self) -> str:
+        groups = ", ".join(f"{role}: {group.world_size} ranks" for role, group in self.groups.items()) or "stopped"
+        return f"Lab({self.name!r}, {self.config.algorithm.name}, step {self.step_index}; {groups})"
+

@@ -1,0 +1,51 @@
+"""Per-step metrics: always a JSONL file in the run directory, and wandb when enabled."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    """Appends ``{"step": k, ...}`` lines to ``<run>/metrics.jsonl``; mirrors them to wandb if asked."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], wandb_project: str | None = None,
+                 config: dict[str, Any] | None = None) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.wandb_run = start_wandb(wandb_project, Path(run_dir), config) if wandb_project else None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps({"step": step, **metrics}) + "\n")
+        if self.wandb_run is not None:
+            self.wandb_run.log(metrics, step=step)
+
+    def truncate_after(self, step: int) -> None:
+        """Drop lines of steps after ``step`` (resuming from a checkpoint replays them)."""
+        if self.path.is_file():
+            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines()]
+
+    def close(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None
+
+
+def start_wandb(project: str, run_dir: Path, config: dict[str, Any] | None) -> Any:
+    """A wandb run, offline unless WANDB_MODE says otherwise; never waits long for a network."""
+    import wandb
+
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_INIT_TIMEOUT", "30")
+    return wandb.init(project=project, dir=str(run_dir), config=config or {}, name=run_dir.name,
+                      settings=wandb.Settings(init_timeout=float(os.environ["WANDB_INIT_TIMEOUT"]),
+                                              console="off", silent=True))

@@ -1,0 +1,17 @@
+"""Stage names: the steps of an RLHF iteration, shared by telemetry, metrics and dashboards."""
+
+from enum import StrEnum
+
+
+class Stage(StrEnum):
+    NEXT_PROMPTS = "next_prompts"
+    GENERATE = "generate"
+    REWARD = "reward"
+    OLD_LOG_PROB = "old_log_prob"
+    REF = "ref"
+    VALUES = "values"
+    ADV = "adv"
+    UPDATE_CRITIC = "update_critic"
+    UPDATE_ACTOR = "update_actor"
+    EVALUATE = "evaluate"
+    SAVE = "save"

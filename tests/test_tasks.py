@@ -1,0 +1,326 @@
+"""Bundled tasks and their rewards, the GSM8K loader and extraction, the cost rule, and PromptSource resume."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from hybridflow_lab.models.tokenizers import CHARACTERS
+from hybridflow_lab.tasks import (
+    TASKS,
+    ArithmeticTask,
+    Example,
+    PromptSource,
+    SortingTask,
+    digit_cost,
+    exact_match,
+    extract_answer,
+    gsm8k_reward,
+    held_out,
+    integer_format_score,
+    load_gsm8k,
+    make_task,
+    split_examples,
+)
+
+DATA = Path(__file__).parent / "data"
+
+
+class ScriptedRandom(random.Random):
+    """An rng whose ``randrange`` and ``choice`` return scripted values, for examples worked out by hand."""
+
+    def __init__(self, numbers: list[int], choices: str) -> None:
+        super().__init__(0)
+        self.numbers, self.choices = list(numbers), list(choices)
+
+    def randrange(self, stop: int) -> int:  # type: ignore[override]
+        value = self.numbers.pop(0)
+        assert 0 <= value < stop
+        return value
+
+    def choice(self, seq: str) -> str:  # type: ignore[override]
+        value = self.choices.pop(0)
+        assert value in seq
+        return value
+
+
+# ---- arithmetic ----
+
+@pytest.mark.parametrize(("numbers", "op", "prompt", "answer"), [
+    ([12, 34], "+", "12+34=", "46"),
+    ([7, 25], "-", "7-25=", "-18"),
+    ([40, 8], "-", "40-8=", "32"),
+    ([99, 99], "*", "99*99=", "9801"),
+    ([0, 63], "*", "0*63=", "0"),
+])
+def test_arithmetic_examples_by_hand(numbers, op, prompt, answer):
+    example = ArithmeticTask(operators="+-*").sample(ScriptedRandom(numbers, op))
+    assert example == Example(prompt, answer, "arithmetic")
+    assert ArithmeticTask().demonstration(example) == answer
+
+
+def test_arithmetic_seeded_samples_are_fixed_and_correct():
+    task = ArithmeticTask(operators="+-*")
+    assert [task.sample(random.Random(i)).prompt for i in range(3)] == ["49-97=", "17+72=", "7+11="]
+    for i in range(300):
+        example = task.sample(random.Random(i))
+        left, op, right = re.fullmatch(r"(\d{1,2})([-+*])(\d{1,2})=", example.prompt).groups()
+        expected = {"+": int(left) + int(right), "-": int(left) - int(right), "*": int(left) * int(right)}[op]
+        assert example.answer == str(expected)
+        assert example == task.sample(random.Random(i))
+
+
+def test_arithmetic_operands_cover_the_digit_range_and_only_the_given_operators():
+    task = ArithmeticTask(digits=1, operators="-")
+    rng = random.Random(3)
+    prompts = [task.sample(rng).prompt for _ in range(500)]
+    operands = {int(p[0]) for p in prompts} | {int(p[2]) for p in prompts}
+    assert operands == set(range(10))
+    assert all(p[1] == "-" for p in prompts)
+    assert any(task.sample(random.Random(i)).answer.startswith("-") for i in range(50))
+
+
+@pytest.mark.parametrize("kwargs", [{"digits": 0}, {"operators": ""}, {"operators": "+/"}])
+def test_arithmetic_rejects_bad_settings(kwargs):
+    with pytest.raises(ValueError):
+        ArithmeticTask(**kwargs)
+
+
+@pytest.mark.parametrize(("response", "score"), [
+    ("46", 1.0), ("46 ", 1.0), ("\n46", 1.0), ("47", 0.1), ("-46", 0.1), ("4x", 0.0), ("", 0.0), ("4 6", 0.0),
+])
+def test_arithmetic_reward(response, score):
+    assert ArithmeticTask().reward("12+34=", response, "46") == score
+    assert integer_format_score(response, "46") == score
+
+
+def test_exact_match_and_format_credit():
+    assert exact_match(" 46\n", "46") == 1.0
+    assert exact_match("047", "47") == 0.0
+    assert integer_format_score("5", "-5", format_credit=0.25) == 0.25
+
+
+# ---- sorting ----
+
+def test_sorting_examples():
+    task = SortingTask()
+    example = task.sample(ScriptedRandom([], "3142"))
+    assert example == Example("sort:3142=", "1234", "sorting")
+    assert task.demonstration(example) == "1234"
+    for i in range(100):
+        example = task.sample(random.Random(i))
+        text = example.prompt.removeprefix("sort:").removesuffix("=")
+        assert len(text) == 4 and example.answer == "".join(sorted(text))
+    letters = SortingTask(length=6, alphabet="abc").sample(random.Random(1))
+    assert re.fullmatch(r"sort:[abc]{6}=", letters.prompt) and len(letters.answer) == 6
+
+
+@pytest.mark.parametrize(("response", "score"), [
+    ("1234", 1.0), (" 1234\n", 1.0),
+    ("1243", 0.25),  # a rearrangement with 2 of 4 places right: 0.5 * 2/4
+    ("2134", 0.25), ("1324", 0.25), ("3142", 0.0),  # no place right
+    ("1233", 0.0), ("123", 0.0), ("12345", 0.0), ("abcd", 0.0),
+])
+def test_sorting_reward_and_partial_credit(response, score):
+    assert SortingTask().reward("sort:3142=", response, "1234") == score
+
+
+def test_sorting_partial_credit_with_repeated_characters():
+    assert SortingTask().reward("sort:2101=", "1102", "0112") == pytest.approx(0.5 * 2 / 4)
+
+
+@pytest.mark.parametrize("kwargs", [{"length": 0}, {"alphabet": ""}])
+def test_sorting_rejects_bad_settings(kwargs):
+    with pytest.raises(ValueError):
+        SortingTask(**kwargs)
+
+
+# ---- registry and tokenizer characters ----
+
+def test_registry():
+    assert set(TASKS) == {"arithmetic", "sorting"}
+    assert make_task("arithmetic", operators="+-") == ArithmeticTask(operators="+-")
+    assert make_task("sorting", length=3) == SortingTask(length=3)
+    with pytest.raises(ValueError, match="known tasks: arithmetic, sorting"):
+        make_task("chess")
+
+
+@pytest.mark.parametrize("task", [
+    ArithmeticTask(digits=3, operators="+-*"), SortingTask(), SortingTask(length=5, alphabet="zyxabc")
+])
+def test_prompts_and_answers_use_only_tokenizer_characters(task):
+    allowed = set(CHARACTERS)
+    rng = random.Random(0)
+    for _ in range(200):
+        example = task.sample(rng)
+        assert set(example.prompt + task.demonstration(example)) <= allowed, example
+
+
+# ---- GSM8K ----
+
+SAMPLE_TRUTHS = ["12", "1234", "6", "33", "21", "-5"]
+
+
+def test_load_gsm8k_jsonl():
+    examples = load_gsm8k(DATA / "gsm8k_sample.jsonl")
+    assert [e.answer for e in examples] == SAMPLE_TRUTHS
+    assert examples[0] == Example(
+        "Tom has 3 bags with 4 apples in each bag. How many apples does Tom have?", "12", "gsm8k")
+
+
+def test_load_gsm8k_parquet_matches_jsonl(tmp_path):
+    parquet = tmp_path / "gsm8k_sample.parquet"
+    pd.read_json(DATA / "gsm8k_sample.jsonl", lines=True).to_parquet(parquet)
+    assert load_gsm8k(parquet) == load_gsm8k(str(DATA / "gsm8k_sample.jsonl"))
+
+
+def test_load_gsm8k_bad_row_names_file_and_row():
+    with pytest.raises(ValueError, match=r"gsm8k_bad\.jsonl, row 3: 'answer' has no '#### <number>'"):
+        load_gsm8k(DATA / "gsm8k_bad.jsonl")
+
+
+@pytest.mark.parametrize(("line", "problem"), [
+    ('{"question": "q", "answer": "#### 4"', "invalid JSON"),
+    ('{"question": "q"}', "'answer' is missing"),
+    ('{"question": 3, "answer": "#### 4"}', "'question' is not a string"),
+    ('["q", "#### 4"]', "expected an object"),
+    ('{"question": "q", "answer": "#### four"}', "'answer' has no '#### <number>'"),
+])
+def test_load_gsm8k_malformed_rows(tmp_path, line, problem):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"question": "q", "answer": "x\n#### 1"}) + "\n\n" + line + "\n")
+    with pytest.raises(ValueError, match=rf"rows\.jsonl, row 3: {re.escape(problem)}"):
+        load_gsm8k(path)
+
+
+def test_load_gsm8k_parquet_missing_column(tmp_path):
+    path = tmp_path / "noanswer.parquet"
+    pd.DataFrame({"question": ["q1", "q2"]}).to_parquet(path)
+    with pytest.raises(ValueError, match=r"noanswer\.parquet, row 1: 'answer' is missing"):
+        load_gsm8k(path)
+
+
+def test_load_gsm8k_unsupported_suffix(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text("question,answer\n")
+    with pytest.raises(ValueError, match=r"data\.csv.*\.jsonl, \.parquet"):
+        load_gsm8k(path)
+
+
+@pytest.mark.parametrize(("text", "strict", "flexible"), [
+    ("so 5 + 7 = 12\n#### 12", "12", "12"),
+    ("#### 1,234", "1234", "1234"),
+    ("The answer is 1,234.", None, "1234"),
+    ("#### 8\nbut then 9", "8", "9"),
+    ("4-9=-5 degrees", None, "-5"),
+    ("####-3.50", "-3.50", "-3.50"),
+    ("no number here", None, None),
+    ("#### twelve", None, None),
+])
+def test_extract_answer_strict_and_flexible(text, strict, flexible):
+    assert extract_answer(text) == strict
+    assert extract_answer(text, mode="strict") == strict
+    assert extract_answer(text, mode="flexible") == flexible
+
+
+def test_extract_answer_rejects_unknown_mode():
+    with pytest.raises(ValueError, match="strict"):
+        extract_answer("#### 1", mode="lenient")
+
+
+def test_gsm8k_reward():
+    assert gsm8k_reward("q", "It is 42.", "42") == 1.0
+    assert gsm8k_reward("q", "#### 42.0", "42") == 1.0
+    assert gsm8k_reward("q", "#### 1,234", "1234") == 1.0
+    assert gsm8k_reward("q", "It is 42.", "42", mode="strict") == 0.0
+    assert gsm8k_reward("q", "#### 42 and later 7", "42", mode="strict") == 1.0
+    assert gsm8k_reward("q", "#### 42 and later 7", "42") == 0.0
+    assert gsm8k_reward("q", "no idea", "42") == 0.0
+
+
+# ---- cost ----
+
+def test_digit_cost():
+    assert digit_cost("3+4=", "7", "7") == 1.0
+    assert digit_cost("50+20=", "70", "70") == 1.0
+    assert digit_cost("3+3=", "6", "6") == 0.0
+    assert digit_cost("3+3=", "", "6") == 0.0
+    assert digit_cost("3+3=", "68", "6", forbidden="89") == 1.0
+
+
+# ---- PromptSource ----
+
+def test_task_source_is_a_function_of_seed_and_index():
+    task = ArithmeticTask(operators="+-*")
+    source = PromptSource(task, seed=5)
+    batches = [source.next_batch(4) for _ in range(3)]
+    assert [e for batch in batches for e in batch] == [task.sample(random.Random(f"5:{i}")) for i in range(12)]
+    assert PromptSource(task, seed=5).next_batch(12) == [e for batch in batches for e in batch]
+    assert PromptSource(task, seed=6).next_batch(12) != PromptSource(task, seed=5).next_batch(12)
+    assert source.next_batch(0) == []
+    with pytest.raises(ValueError):
+        source.next_batch(-1)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: SortingTask(),
+    lambda: [Example(f"q{i}", str(i), "toy") for i in range(7)],  # batches of 3 cross epoch ends
+])
+def test_source_resumes_from_state(make):
+    original = PromptSource(make(), seed=11)
+    original.next_batch(3)
+    state = original.state_dict()
+    expected = [original.next_batch(3), original.next_batch(3)]
+
+    assert all(isinstance(v, int | str) for v in state.values())
+    resumed = PromptSource(make(), seed=999)  # the saved seed wins
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert [resumed.next_batch(3), resumed.next_batch(3)] == expected
+    assert PromptSource(make(), seed=11).next_batch(9)[3:] == expected[0] + expected[1]
+
+
+def test_source_rejects_a_state_from_another_source():
+    examples = [Example(f"q{i}", str(i), "toy") for i in range(5)]
+    with pytest.raises(ValueError, match="different source"):
+        PromptSource(examples, seed=0).load_state_dict(PromptSource(SortingTask(), seed=0).state_dict())
+    with pytest.raises(ValueError, match="different source"):
+        PromptSource(examples[:4], seed=0).load_state_dict(PromptSource(examples, seed=0).state_dict())
+
+
+def test_dataset_source_reshuffles_each_epoch():
+    examples = [Example(f"q{i}", str(i), "toy") for i in range(20)]
+    source = PromptSource(examples, seed=3)
+    epochs = [source.next_batch(20) for _ in range(3)]
+    for epoch in epochs:
+        assert sorted(epoch, key=lambda e: int(e.answer)) == examples  # every example once per epoch
+    assert epochs[0] != epochs[1] != epochs[2] and epochs[0] != examples
+    assert PromptSource(examples, seed=4).next_batch(20) != epochs[0]
+    with pytest.raises(ValueError):
+        PromptSource([], seed=0)
+
+
+def test_held_out_is_fixed_and_apart_from_training():
+    task = ArithmeticTask(digits=6, operators="+-*")  # 3e12 problems: only a shared seed would repeat one
+    evaluation = held_out(task, 200, seed=0)
+    assert evaluation == held_out(task, 200, seed=0)
+    assert len({e.prompt for e in evaluation}) == 200
+    training = {e.prompt for e in PromptSource(task, seed=0).next_batch(1000)}
+    assert training.isdisjoint(e.prompt for e in evaluation)
+
+
+def test_split_examples():
+    examples = [Example(f"q{i}", str(i), "toy") for i in range(10)]
+    train, evaluation = split_examples(examples, 0.3, seed=1)
+    assert len(train) == 7 and len(evaluation) == 3
+    assert sorted(train + evaluation, key=lambda e: int(e.answer)) == examples
+    assert train == sorted(train, key=lambda e: int(e.answer))
+    assert (train, evaluation) == split_examples(examples, 0.3, seed=1)
+    assert split_examples(examples, 0.3, seed=2) != (train, evaluation)
+    for fraction in (0.0, 0.01, 1.0):
+        with pytest.raises(ValueError, match="empty split"):
+            split_examples(examples, fraction, seed=1)
