@@ -324,3 +324,16 @@ def test_split_examples():
     for fraction in (0.0, 0.01, 1.0):
         with pytest.raises(ValueError, match="empty split"):
             split_examples(examples, fraction, seed=1)
+
+
+def test_digit_score_credits_matching_columns():
+    from hybridflow_lab.tasks.rewards import digit_score
+
+    assert digit_score("46", "46") == 1.0
+    assert digit_score("47", "46") == pytest.approx(0.1 + 0.5 * 0.5)  # tens digit right
+    assert digit_score("146", "46") == pytest.approx(0.1 + 0.5 * 2 / 3)  # aligned from the right
+    assert digit_score("4x", "46") == 0.0
+    task = ArithmeticTask(partial_credit="digits")
+    assert task.reward("12+34=", "47", "46") == pytest.approx(0.35)
+    with pytest.raises(ValueError, match="partial_credit"):
+        ArithmeticTask(partial_credit="half")

@@ -92,6 +92,7 @@ class TaskConfig:
     name: str = "arithmetic"  # a bundled task, or "gsm8k"
     digits: int = 2
     operators: str = "+"
+    partial_credit: str = "format"  # arithmetic: "format" or "digits"
     dataset_path: str = ""  # gsm8k: .jsonl or .parquet
     eval_size: int = 64
     cost: str = ""  # safe_rlhf: a rule cost ("digit_cost")

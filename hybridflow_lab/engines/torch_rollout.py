@@ -14,7 +14,7 @@ from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.models.kv_cache import KVCache
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: callers may train on the outputs
 def generate(
     model: DecoderLM,
     prompt_ids: torch.Tensor,

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 
 from hybridflow_lab.tasks.base import Example
-from hybridflow_lab.tasks.rewards import integer_format_score
+from hybridflow_lab.tasks.rewards import digit_score, integer_format_score
 
 OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
@@ -23,10 +23,13 @@ class ArithmeticTask:
     digits: int = 2
     operators: str = "+"
     name: str = "arithmetic"
+    partial_credit: str = "format"  # "format": 0.1 for any integer; "digits": also credit for matching digits
 
     def __post_init__(self) -> None:
         if self.digits < 1:
             raise ValueError(f"digits must be at least 1, got {self.digits}")
+        if self.partial_credit not in ("format", "digits"):
+            raise ValueError(f"partial_credit must be 'format' or 'digits', got {self.partial_credit!r}")
         if not self.operators or set(self.operators) - set(OPERATIONS):
             raise ValueError(f"operators must be a non-empty string of {''.join(OPERATIONS)!r}, "
                              f"got {self.operators!r}")
@@ -38,7 +41,9 @@ class ArithmeticTask:
         return Example(f"{left}{op}{right}=", str(OPERATIONS[op](left, right)), self.name)
 
     def reward(self, prompt: str, response: str, ground_truth: str) -> float:
-        """1.0 exact, 0.1 for another integer, 0.0 otherwise (see ``integer_format_score``)."""
+        """1.0 exact; partial credit for a wrong integer (``integer_format_score`` or ``digit_score``)."""
+        if self.partial_credit == "digits":
+            return digit_score(response, ground_truth)
         return integer_format_score(response, ground_truth)
 
     def demonstration(self, example: Example) -> str:

@@ -54,8 +54,8 @@ def build_task(config: LabConfig) -> TaskSetup:
         setup = TaskSetup(PromptSource(train, seed), gsm8k_reward, evaluation[: task_config.eval_size], cost=cost)
     else:
         try:
-            kwargs = {"digits": task_config.digits, "operators": task_config.operators} \
-                if task_config.name == "arithmetic" else {}
+            kwargs = {"digits": task_config.digits, "operators": task_config.operators,
+                      "partial_credit": task_config.partial_credit} if task_config.name == "arithmetic" else {}
             task = make_task(task_config.name, **kwargs)
         except (TypeError, ValueError) as exc:
             raise ConfigError("task.name", str(exc)) from None
