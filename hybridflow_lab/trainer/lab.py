@@ -281,7 +281,7 @@ class Lab:
         """Prompts, responses, scores and advantages as a table."""
         batch = batch if batch is not None else self.last_batch
         wanted = [k for k in ("prompt_text", "response_text", "ground_truth", "scores", "costs") if k in batch]
-        frame = batch[:rows].select(*wanted).to_pandas()
+        frame = batch[:rows].select(*wanted).to_pandas()[wanted]
         if "advantages" in batch:
             mask = batch["response_mask"][:rows].float()
             frame["advantage"] = ((batch["advantages"][:rows] * mask).sum(-1) / mask.sum(-1).clamp(min=1)).tolist()

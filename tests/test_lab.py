@@ -1,0 +1,138 @@
+"""The Lab: stages cell by cell, every algorithm's dataflow, metrics, checkpoints and exact resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hybridflow_lab.config import ConfigError
+from hybridflow_lab.models import create_model_dir
+from hybridflow_lab.trainer.dataflows import DATAFLOWS
+from hybridflow_lab.trainer.lab import Lab
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(create_model_dir(tmp_path_factory.mktemp("lab") / "m", "tiny", "qwen2", seed=11))
+
+
+def local_overrides(model_dir, run_dir, *extra):
+    return ("backend=local", f"actor.model_path={model_dir}", "actor.ranks=1", "critic.ranks=1",
+            "actor.engine.backend=torch", "critic.engine.backend=torch", "actor.optim.lr=1e-3",
+            "critic.optim.lr=1e-3", f"trainer.run_dir={run_dir}", "trainer.progress=false", "batch.rollout_batch_prompts=4",
+            "batch.samples_per_prompt=4", "batch.update_minibatch_sequences=8", "batch.micro_batch_sequences_per_rank=4",
+            "task.eval_size=8", "rollout.max_new_tokens=5", *extra)
+
+
+def test_stages_cell_by_cell(model_dir, tmp_path):
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "algorithm.kl_coef=0.1"))
+    prompts = lab.next_prompts()
+    assert len(prompts) == 4 and prompts["uid"].tolist() == [0, 1, 2, 3]
+    batch = lab.generate(prompts)
+    assert len(batch) == 16 and batch["uid"].tolist()[:4] == [0, 0, 0, 0]
+    batch = lab.ref_log_prob(lab.old_log_prob(lab.reward(batch)))
+    assert {"scores", "token_level_scores", "old_log_probs", "entropy", "ref_log_probs"} <= set(batch.keys())
+    torch.testing.assert_close(batch["ref_log_probs"], batch["old_log_probs"], rtol=1e-5, atol=1e-5)
+    batch = lab.advantages(batch)
+    per_group = (batch["advantages"][:, 0]).view(4, 4)
+    assert torch.allclose(per_group.sum(-1), torch.zeros(4), atol=1e-4)  # group-normalised
+    metrics = lab.update_actor(batch)
+    assert {"actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/kl"} <= metrics.keys()
+    frame = lab.show(batch, rows=3)
+    assert list(frame.columns)[:3] == ["prompt_text", "response_text", "ground_truth"] and len(frame) == 3
+    stages = {s.name for s in lab.telemetry.spans() if s.phase.value == "stage"}
+    assert {"next_prompts", "generate", "reward", "old_log_prob", "ref", "adv", "update_actor"} <= stages
+    lab.shutdown()
+
+
+@pytest.mark.parametrize("algorithm", sorted(DATAFLOWS))
+def test_every_algorithm_runs_a_step(model_dir, tmp_path, algorithm):
+    extra = ["task.cost=digit_cost"] if algorithm == "safe_rlhf" else []
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", f"algorithm.name={algorithm}",
+                                                          *extra))
+    metrics = lab.step()
+    for key in ("timing_s/generate", "timing_s/update_actor", "timing_s/step", "perf/throughput",
+                "response_length/mean", "critic/score/mean", "critic/advantages/mean", "actor/pg_loss",
+                "actor/entropy"):
+        assert key in metrics, key
+    if algorithm == "ppo":
+        assert {"critic/vf_loss", "critic/values/mean", "timing_s/update_critic"} <= metrics.keys()
+    if algorithm == "safe_rlhf":
+        assert "safe/lagrange_multiplier" in metrics and "critic/cost/mean" in metrics
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert logged[-1]["step"] == 1 and logged[-1]["critic/score/mean"] == metrics["critic/score/mean"]
+    lab.shutdown()
+
+
+def test_resume_reproduces_the_next_step_exactly(model_dir, tmp_path):
+    straight = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "a"))
+    straight.run(2)
+    straight.save()
+    expected = straight.step()
+    straight.shutdown()
+    resumed = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "a"), resume=True)
+    assert resumed.step_index == 2
+    again = resumed.step()
+    for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"):
+        assert again[key] == pytest.approx(expected[key], rel=1e-6), key
+    steps = [json.loads(line)["step"] for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]  # the replayed step replaced the first run's line
+    resumed.shutdown()
+
+
+def test_a_crash_while_saving_keeps_the_previous_checkpoint(model_dir, tmp_path, monkeypatch):
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run"))
+    lab.step()
+    first = lab.save()
+    lab.step()
+    from hybridflow_lab.trainer import checkpointing
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpointing, "commit", crash)
+    with pytest.raises(OSError, match="disk full"):
+        lab.save()
+    assert checkpointing.latest(tmp_path / "run") == first
+    assert lab.load() == 1
+    lab.shutdown()
+
+
+def test_evaluate_reports_accuracy(model_dir, tmp_path):
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run"))
+    result = lab.evaluate()
+    assert set(result) == {"eval/accuracy", "eval/score"} and 0.0 <= result["eval/accuracy"] <= 1.0
+    lab.shutdown()
+
+
+BAD = [
+    (["algorithm.name=a2c"], "algorithm.name", "'a2c' is not one of"),
+    (["algorithm.loss_agg=token-sum"], "algorithm.loss_agg", "unknown loss aggregation mode"),
+    (["algorithm.kl_kind=k4"], "algorithm.kl_kind", "k4"),
+    (["algorithm.name=safe_rlhf"], "task.cost", "needs a cost signal"),
+    (["task.name=chess"], "task.name", "unknown task 'chess'"),
+    (["task.name=gsm8k"], "task.dataset_path", "needs a .jsonl or .parquet file"),
+]
+
+
+@pytest.mark.parametrize(("extra", "key", "message"), BAD)
+def test_algorithm_and_task_settings_fail_before_start(model_dir, tmp_path, extra, key, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", *extra))
+    assert info.value.key == key
+
+
+@pytest.mark.slow
+def test_grpo_and_ppo_on_two_ray_ranks(ray_cluster, model_dir, tmp_path):
+    for algorithm in ("grpo", "ppo"):
+        overrides = [o for o in local_overrides(model_dir, tmp_path / algorithm) if "ranks" not in o
+                     and "backend" not in o]
+        lab = Lab("arithmetic_grpo", overrides=(*overrides, f"algorithm.name={algorithm}", "actor.ranks=2",
+                                                "critic.ranks=2"))
+        metrics = lab.run(2)[-1]
+        assert lab.groups["actor"].world_size == 2 and "actor/grad_norm" in metrics
+        if algorithm == "ppo":
+            assert lab.groups["critic"].world_size == 2 and "critic/vf_loss" in metrics
+        lab.shutdown()
