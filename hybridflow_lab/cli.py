@@ -8,12 +8,50 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from hybridflow_lab.demos import controller_demo
+    if args.which == "controller":
+        from hybridflow_lab.demos import controller_demo
 
-    controller_demo.main(backend=args.backend)
+        controller_demo.main(backend=args.backend)
+    else:
+        from hybridflow_lab.demos import rl_demo
+
+        rl_demo.main(run_dir=args.run_dir, sft_steps=args.sft_steps, rl_steps=args.rl_steps)
+
+
+def _lab(args: argparse.Namespace, resume: bool) -> Any:
+    from hybridflow_lab.trainer.lab import Lab
+
+    return Lab(args.config, overrides=tuple(args.overrides), resume=resume)
+
+
+def _train(args: argparse.Namespace) -> None:
+    lab = _lab(args, resume=args.resume)
+    try:
+        lab.run(lab.config.trainer.steps - lab.step_index)
+        path = lab.save()
+        print(json.dumps({**lab.evaluate(), "step": lab.step_index, "checkpoint": str(path)}))
+    finally:
+        lab.shutdown()
+
+
+def _eval(args: argparse.Namespace) -> None:
+    lab = _lab(args, resume=True)
+    try:
+        print(json.dumps({**lab.evaluate(), "step": lab.step_index}))
+    finally:
+        lab.shutdown()
+
+
+def _sft(args: argparse.Namespace) -> None:
+    from hybridflow_lab.tasks import make_task
+    from hybridflow_lab.trainer.sft import sft
+
+    task = make_task(args.task, digits=args.digits) if args.task == "arithmetic" else make_task(args.task)
+    print(json.dumps(sft(args.model, task, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr)))
 
 
 def _init_model(args: argparse.Namespace) -> None:
@@ -43,9 +81,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridflow-lab", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="run the controller demo: two worker groups and one dataflow")
-    demo.add_argument("--backend", choices=["ray", "local"], default="ray")
+    demo = commands.add_parser("demo", help="rl: SFT then GRPO on arithmetic (default); controller: worker groups")
+    demo.add_argument("which", nargs="?", choices=["rl", "controller"], default="rl")
+    demo.add_argument("--backend", choices=["ray", "local"], default="ray", help="controller demo only")
+    demo.add_argument("--run-dir", default="runs/demo")
+    demo.add_argument("--sft-steps", type=int, default=700)
+    demo.add_argument("--rl-steps", type=int, default=300)
     demo.set_defaults(run=_demo)
+
+    for name, handler, text in (("train", _train, "run an RL job from a config or preset"),
+                                ("eval", _eval, "held-out accuracy of a run's latest checkpoint")):
+        command = commands.add_parser(name, help=text)
+        command.add_argument("--config", required=True, help="a preset name (configs/<name>.yaml) or a YAML path")
+        command.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.optim.lr=1e-5")
+        if name == "train":
+            command.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+        command.set_defaults(run=handler)
+
+    sft_cmd = commands.add_parser("sft", help="supervised warm start on a bundled task's demonstrations")
+    sft_cmd.add_argument("--model", required=True)
+    sft_cmd.add_argument("--out", required=True)
+    sft_cmd.add_argument("--task", default="arithmetic")
+    sft_cmd.add_argument("--digits", type=int, default=2)
+    sft_cmd.add_argument("--steps", type=int, default=700)
+    sft_cmd.add_argument("--batch-size", type=int, default=64)
+    sft_cmd.add_argument("--lr", type=float, default=3e-3)
+    sft_cmd.set_defaults(run=_sft)
 
     init = commands.add_parser("init-model", help="write a new tiny model directory (HF format) with its tokenizer")
     init.add_argument("path")

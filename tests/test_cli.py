@@ -18,8 +18,19 @@ def run_cli(*args: str) -> str:
     return done.stdout
 
 
-def test_demo_runs_the_dataflow_and_prints_spans():
-    out = run_cli("demo")
+def test_train_then_eval_from_a_preset(tmp_path):
+    model = tmp_path / "m"
+    run_cli("init-model", str(model))
+    overrides = [f"actor.model_path={model}", f"trainer.run_dir={tmp_path / 'run'}", "backend=local", "actor.ranks=1",
+                 "actor.engine.backend=torch", "trainer.steps=2", "trainer.progress=false", "task.eval_size=8"]
+    trained = json.loads(run_cli("train", "--config", "arithmetic_grpo", *overrides).splitlines()[-1])
+    assert trained["step"] == 2 and (tmp_path / "run" / "checkpoints" / "step_000002").is_dir()
+    evaluated = json.loads(run_cli("eval", "--config", "arithmetic_grpo", *overrides).splitlines()[-1])
+    assert evaluated["eval/accuracy"] == trained["eval/accuracy"] and evaluated["step"] == 2
+
+
+def test_controller_demo_runs_the_dataflow_and_prints_spans():
+    out = run_cli("demo", "controller")
     assert "hello" in out and "reward" in out
     assert "generate" in out and "transfer" in out and "execute" in out
 

@@ -21,9 +21,9 @@ def model_dir(tmp_path_factory):
 def local_overrides(model_dir, run_dir, *extra):
     return ("backend=local", f"actor.model_path={model_dir}", "actor.ranks=1", "critic.ranks=1",
             "actor.engine.backend=torch", "critic.engine.backend=torch", "actor.optim.lr=1e-3",
-            "critic.optim.lr=1e-3", f"trainer.run_dir={run_dir}", "trainer.progress=false", "batch.rollout_batch_prompts=4",
-            "batch.samples_per_prompt=4", "batch.update_minibatch_sequences=8", "batch.micro_batch_sequences_per_rank=4",
-            "task.eval_size=8", "rollout.max_new_tokens=5", *extra)
+            "critic.optim.lr=1e-3", f"trainer.run_dir={run_dir}", "trainer.progress=false",
+            "batch.rollout_batch_prompts=4", "batch.samples_per_prompt=4", "batch.update_minibatch_sequences=8",
+            "batch.micro_batch_sequences_per_rank=4", "task.eval_size=8", "rollout.max_new_tokens=5", *extra)
 
 
 def test_stages_cell_by_cell(model_dir, tmp_path):

@@ -261,7 +261,8 @@ class Lab:
 
         count = self.config.trainer.steps if steps is None else steps
         results = []
-        with tqdm(total=count, disable=not self.config.trainer.progress, desc=self.name, unit="step") as bar:
+        with tqdm(total=count, disable=not self.config.trainer.progress, desc=self.name, unit="step",
+                  mininterval=2.0) as bar:
             for _ in range(count):
                 metrics = self.step()
                 results.append(metrics)

@@ -1,0 +1,43 @@
+"""The main demo (``make demo``): SFT a tiny model on 2-digit addition, then GRPO on a local Ray cluster.
+
+Prints held-out greedy accuracy before and after RL, the wall time, and the run directory
+(metrics.jsonl, spans.jsonl, checkpoints).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from hybridflow_lab.models import create_model_dir
+from hybridflow_lab.tasks import ArithmeticTask
+from hybridflow_lab.trainer.lab import Lab
+from hybridflow_lab.trainer.sft import sft
+
+
+def main(run_dir: str = "runs/demo", sft_steps: int = 700, rl_steps: int = 300) -> dict[str, float]:
+    start = time.perf_counter()
+    root = Path(run_dir)
+    base = create_model_dir(root / "base", "tiny", "qwen2", seed=0)
+    print(f"[demo] supervised warm start: {sft_steps} steps on 2-digit addition", flush=True)
+    sft_metrics = sft(base, ArithmeticTask(digits=2, operators="+"), root / "sft", steps=sft_steps, batch_size=64,
+                      lr=3e-3)
+    lab = Lab("arithmetic_grpo", overrides=(f"actor.model_path={root / 'sft'}", f"trainer.run_dir={root / 'grpo'}",
+                                            f"trainer.steps={rl_steps}", "trainer.eval_every=0"))
+    before = lab.evaluate()["eval/accuracy"]
+    print(f"[demo] after SFT: held-out accuracy {before:.3f}; GRPO for {rl_steps} steps on "
+          f"{lab.config.actor.ranks} Ray ranks", flush=True)
+    lab.run()
+    lab.save()
+    after = lab.evaluate()["eval/accuracy"]
+    lab.shutdown()
+    summary = {"sft_final_loss": round(sft_metrics["sft/final_loss"], 4), "accuracy_before_rl": before,
+               "accuracy_after_rl": after, "gain_points": round(100 * (after - before), 1),
+               "wall_s": round(time.perf_counter() - start, 1), "run_dir": str(root / "grpo")}
+    print(json.dumps(summary, indent=2))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
