@@ -65,6 +65,7 @@ QUICK_BENCH = {
     "dispatch": {"workers": (1, 2), "payloads": (0, 1 << 20), "repeats": 3},
     "rollout": {"size": "tiny", "prompts": 8, "new_tokens": 8, "repeats": 1},
     "train": {"size": "tiny", "rows": 4, "response": 8, "steps": 1},
+    "e2e": {"steps": 1, "warmup": 1},
 }
 
 

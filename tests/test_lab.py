@@ -131,8 +131,10 @@ def test_grpo_and_ppo_on_two_ray_ranks(ray_cluster, model_dir, tmp_path):
                      and "backend" not in o]
         lab = Lab("arithmetic_grpo", overrides=(*overrides, f"algorithm.name={algorithm}", "actor.ranks=2",
                                                 "critic.ranks=2"))
-        metrics = lab.run(2)[-1]
-        assert lab.groups["actor"].world_size == 2 and "actor/grad_norm" in metrics
-        if algorithm == "ppo":
-            assert lab.groups["critic"].world_size == 2 and "critic/vf_loss" in metrics
-        lab.shutdown()
+        try:
+            metrics = lab.run(2)[-1]
+            assert lab.groups["actor"].world_size == 2 and "actor/grad_norm" in metrics
+            if algorithm == "ppo":
+                assert lab.groups["critic"].world_size == 2 and "critic/vf_loss" in metrics
+        finally:
+            lab.shutdown()

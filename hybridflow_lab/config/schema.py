@@ -37,6 +37,8 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    ignore_eos: bool = False  # always generate max_new_tokens (benchmarks)
+    pad_prompts: bool = False  # left-pad every prompt to max_prompt_tokens (fixed shapes, benchmarks)
     tensor_parallel: int = 1  # generation TP size (the paper's tg)
     gpu_memory_utilization: float = 0.5  # vllm only
 

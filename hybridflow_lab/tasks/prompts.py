@@ -14,6 +14,7 @@ def encode_prompts(
     texts: Sequence[str],
     max_tokens: int,
     ground_truths: Sequence[object] | None = None,
+    pad_to_max: bool = False,
 ) -> DataBatch:
     """``input_ids`` / ``attention_mask`` left-padded to the longest prompt, plus ``prompt_text``.
 
@@ -26,7 +27,8 @@ def encode_prompts(
             raise ValueError(f"prompt row {row} has {len(tokens)} tokens, more than max_prompt_tokens={max_tokens}: "
                              f"{texts[row][:60]!r}")
     tokenizer.padding_side = "left"
-    encoded = tokenizer(list(texts), add_special_tokens=False, padding=True, return_tensors="pt")
+    padding = {"padding": "max_length", "max_length": max_tokens} if pad_to_max else {"padding": True}
+    encoded = tokenizer(list(texts), add_special_tokens=False, return_tensors="pt", **padding)
     columns: dict[str, object] = {"prompt_text": list(texts)}
     if ground_truths is not None:
         columns["ground_truth"] = list(ground_truths)

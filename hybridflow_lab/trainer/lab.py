@@ -62,6 +62,7 @@ class Lab:
         self.step_index = 0
         self.history: list[dict[str, float]] = []
         self.groups: dict[str, WorkerGroup] = {}
+        self._pools: list[ResourcePool] = []
         self._metrics: dict[str, float] = {}
         self._calls = 0
         self._next_uid = 0
@@ -82,10 +83,12 @@ class Lab:
         self.log = MetricsLog(self.run_dir, config.trainer.wandb_project if config.trainer.wandb else None,
                               to_dict(config))
         pool = ResourcePool(config.actor.ranks, name=f"{self.name}.actor")
+        self._pools = [pool]
         options = {"backend": config.backend, "telemetry": self.telemetry}
         self.groups["actor"] = WorkerGroup(Role(ActorWorker, config), pool, name=f"{self.name}.actor", **options)
         if uses_critic(config):
             critic_pool = pool if config.critic.ranks == config.actor.ranks else ResourcePool(config.critic.ranks)
+            self._pools.append(critic_pool)
             self.groups["critic"] = WorkerGroup(Role(CriticWorker, config), critic_pool, name=f"{self.name}.critic",
                                                 **options)
         if config.reward_model_path:
@@ -100,6 +103,9 @@ class Lab:
         for group in self.groups.values():
             group.shutdown()
         self.groups = {}
+        for pool in self._pools:
+            pool.release()
+        self._pools = []
         for closable in (self.log, self._spans):
             if closable is not None:
                 closable.close()
@@ -147,7 +153,8 @@ class Lab:
 
     def _encode(self, examples: list[Example]) -> DataBatch:
         texts, truths = [e.prompt for e in examples], [e.answer for e in examples]
-        return encode_prompts(self.tokenizer, texts, self.config.rollout.max_prompt_tokens, truths)
+        rollout = self.config.rollout
+        return encode_prompts(self.tokenizer, texts, rollout.max_prompt_tokens, truths, rollout.pad_prompts)
 
     def generate(self, prompts: DataBatch, greedy: bool = False, n: int | None = None) -> DataBatch:
         """Responses from the actor (``samples_per_prompt`` per prompt unless ``n``)."""

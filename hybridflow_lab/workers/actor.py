@@ -34,7 +34,7 @@ ADVANTAGE_KEYS = ("responses", "response_mask", "old_log_probs", "advantages")
 def sampling_params(config: LabConfig, **overrides: object) -> SamplingParams:
     rollout = config.rollout
     values = {"max_new_tokens": rollout.max_new_tokens, "temperature": rollout.temperature, "top_p": rollout.top_p,
-              "top_k": rollout.top_k, "n": config.batch.samples_per_prompt}
+              "top_k": rollout.top_k, "n": config.batch.samples_per_prompt, "ignore_eos": rollout.ignore_eos}
     return SamplingParams(**{**values, **overrides})
 
 
