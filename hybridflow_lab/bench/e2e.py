@@ -40,7 +40,8 @@ def run(steps: int = 8, warmup: int = 2, ranks: int = 2, engine: str = "deepspee
         parameters = describe(load_causal_lm(model))["non_embedding_parameters"]
         lab = Lab("arithmetic_grpo", overrides=(
             f"actor.model_path={model}", f"trainer.run_dir={tmp}/run", "trainer.progress=false",
-            f"backend={backend}", f"actor.ranks={ranks}", f"actor.engine.backend={engine}", "task.digits=3", "task.eval_size=8",
+            f"backend={backend}", f"actor.ranks={ranks}", f"actor.engine.backend={engine}", "task.digits=3",
+            "task.eval_size=8",
             "rollout.max_prompt_tokens=16", "rollout.pad_prompts=true", "rollout.max_new_tokens=64",
             "rollout.ignore_eos=true", "batch.rollout_batch_prompts=16", "batch.samples_per_prompt=4",
             "batch.update_minibatch_sequences=64", f"batch.micro_batch_sequences_per_rank={64 // ranks}",
