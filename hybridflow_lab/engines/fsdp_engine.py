@@ -22,11 +22,11 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from hybridflow_lab.engines.train_base import OptimConfig, TrainEngine, build_optimizer, build_scheduler
+from hybridflow_lab.engines.train_base import OptimConfig, TorchOptimizerEngine
 from hybridflow_lab.models.decoder import DecoderLayer
 
 
-class FSDPEngine(TrainEngine):
+class FSDPEngine(TorchOptimizerEngine):
     """Parameters, gradients and optimizer state sharded over ``mesh`` (default: every rank)."""
 
     name = "fsdp"
@@ -36,7 +36,6 @@ class FSDPEngine(TrainEngine):
         if mesh is None:
             kind = "cuda" if next(model.parameters()).is_cuda else "cpu"
             mesh = init_device_mesh(kind, (dist.get_world_size(),))
-        super().__init__(mesh.get_group())
         options: dict[str, Any] = {"mesh": mesh}
         if bf16:
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -45,10 +44,8 @@ class FSDPEngine(TrainEngine):
         for layer in [m for m in model.modules() if isinstance(m, DecoderLayer)]:
             fully_shard(layer, **options)
         fully_shard(model, **options)
+        super().__init__(model.parameters(), optim, mesh.get_group())  # after sharding: DTensor parameters
         self.module = model
-        self.optim_config = optim
-        self.optimizer = build_optimizer(model.parameters(), optim)
-        self.scheduler = build_scheduler(self.optimizer, optim)
 
     @property
     def model(self) -> nn.Module:
@@ -67,17 +64,6 @@ class FSDPEngine(TrainEngine):
 
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
-
-    def _optimizer_step(self) -> float:
-        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.optim_config.grad_clip or float("inf"))
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
-
-    def current_lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True))

@@ -15,22 +15,19 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from hybridflow_lab.engines.train_base import OptimConfig, TrainEngine, build_optimizer, build_scheduler
+from hybridflow_lab.engines.train_base import OptimConfig, TorchOptimizerEngine
 from hybridflow_lab.models.factory import load_weights, save_model_dir
 
 
-class TorchEngine(TrainEngine):
+class TorchEngine(TorchOptimizerEngine):
     """Full weights on every rank; gradients averaged by DDP when the group has several ranks."""
 
     name = "torch"
 
     def __init__(self, model: nn.Module, optim: OptimConfig, group: dist.ProcessGroup | None = None) -> None:
-        super().__init__(group)
+        super().__init__(model.parameters(), optim, group)
         self._model = model
         self.module = DistributedDataParallel(model, process_group=group) if self.dp_size > 1 else model
-        self.optim_config = optim
-        self.optimizer = build_optimizer(model.parameters(), optim)
-        self.scheduler = build_scheduler(self.optimizer, optim)
 
     @property
     def model(self) -> nn.Module:
@@ -43,16 +40,6 @@ class TorchEngine(TrainEngine):
 
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
-
-    def _optimizer_step(self) -> float:
-        norm = torch.nn.utils.clip_grad_norm_(self._model.parameters(), self.optim_config.grad_clip or float("inf"))
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
-
-    def current_lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self._model.state_dict().items()}

@@ -153,3 +153,25 @@ class TrainEngine(ABC):
             tensor = tensor.clone()
             dist.all_reduce(tensor, group=self.group)
         return tensor
+
+
+class TorchOptimizerEngine(TrainEngine):
+    """An engine that steps a torch AdamW and LambdaLR itself (torch/DDP and FSDP2; DeepSpeed steps its own)."""
+
+    def __init__(self, parameters: Iterator[nn.Parameter], optim: OptimConfig,
+                 group: dist.ProcessGroup | None = None) -> None:
+        super().__init__(group)
+        self.optim_config = optim
+        self.optimizer = build_optimizer(parameters, optim)
+        self.scheduler = build_scheduler(self.optimizer, optim)
+
+    def _optimizer_step(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_config.grad_clip or float("inf"))
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a DTensor under FSDP2
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])

@@ -25,9 +25,7 @@ if TYPE_CHECKING:
 def ppo(lab: Lab) -> DataBatch:
     """PPO: a critic, GAE advantages, critic and actor updates (the paper's Figure 4)."""
     batch = lab.reward(lab.generate(lab.next_prompts()))
-    batch = lab.old_log_prob(batch)
-    if lab.uses_reference:
-        batch = lab.ref_log_prob(batch)
+    batch = log_probs(lab, batch)
     batch = lab.advantages(lab.values(batch))
     lab.update_critic(batch)
     lab.update_actor(batch)
@@ -37,9 +35,7 @@ def ppo(lab: Lab) -> DataBatch:
 def grpo(lab: Lab) -> DataBatch:
     """GRPO (and Dr.GRPO, RLOO, REINFORCE++): outcome rewards normalised within each prompt's group."""
     batch = sample(lab)
-    batch = lab.old_log_prob(batch)
-    if lab.uses_reference:
-        batch = lab.ref_log_prob(batch)
+    batch = log_probs(lab, batch)
     batch = lab.advantages(batch)
     lab.update_actor(batch)
     return batch
@@ -52,9 +48,7 @@ def remax(lab: Lab) -> DataBatch:
     greedy = lab.reward(lab.generate(prompts, greedy=True, n=1))
     baseline = dict(zip(greedy["uid"].tolist(), greedy["scores"].tolist(), strict=True))
     batch["baseline_scores"] = [baseline[uid] for uid in batch["uid"].tolist()]
-    batch = lab.old_log_prob(batch)
-    if lab.uses_reference:
-        batch = lab.ref_log_prob(batch)
+    batch = log_probs(lab, batch)
     batch = lab.advantages(batch)
     lab.update_actor(batch)
     return batch
@@ -63,9 +57,7 @@ def remax(lab: Lab) -> DataBatch:
 def safe_rlhf(lab: Lab) -> DataBatch:
     """Safe-RLHF: maximise reward subject to expected cost <= limit, via a Lagrange multiplier."""
     batch = lab.reward(lab.generate(lab.next_prompts()))  # scores and costs
-    batch = lab.old_log_prob(batch)
-    if lab.uses_reference:
-        batch = lab.ref_log_prob(batch)
+    batch = log_probs(lab, batch)
     cost_advantages = lab.advantages(batch, scores="costs")["advantages"]
     batch = lab.advantages(batch)  # reward advantages
     multiplier = lab.lagrange.update(float(batch["costs"].mean()))
@@ -73,6 +65,12 @@ def safe_rlhf(lab: Lab) -> DataBatch:
     lab.update_actor(batch)
     lab.record({"safe/lagrange_multiplier": multiplier})
     return batch
+
+
+def log_probs(lab: Lab, batch: DataBatch) -> DataBatch:
+    """The current policy's log-probs, and the reference's when a KL term is configured."""
+    batch = lab.old_log_prob(batch)
+    return lab.ref_log_prob(batch) if lab.uses_reference else batch
 
 
 def sample(lab: Lab) -> DataBatch:

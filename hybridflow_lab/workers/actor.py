@@ -17,7 +17,7 @@ from hybridflow_lab.algorithms.kl import kl_estimate
 from hybridflow_lab.algorithms.losses import aggregate, ppo_policy_loss
 from hybridflow_lab.algorithms.registry import PolicyLoss
 from hybridflow_lab.config import LabConfig
-from hybridflow_lab.controller import Dispatch, Worker, register
+from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.engines import SamplingParams, build_train_engine
 from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.torch_rollout import TorchRollout
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.workers.batching import micro_batches, per_rank_minibatch, train_minibatches
+from hybridflow_lab.workers.trained_role import TrainedRole
 
 ADVANTAGE_KEYS = ("responses", "response_mask", "old_log_probs", "advantages")
 
@@ -38,7 +39,7 @@ def sampling_params(config: LabConfig, **overrides: object) -> SamplingParams:
     return SamplingParams(**{**values, **overrides})
 
 
-class ActorWorker(Worker):
+class ActorWorker(TrainedRole):
     """Policy training, generation and the reference policy on one rank."""
 
     def __init__(self, config: LabConfig) -> None:
@@ -169,11 +170,5 @@ class ActorWorker(Worker):
         self.updates += 1
         return DataBatch(meta={"metrics": {f"actor/{k}": v for k, v in steps.items() if k != "loss"}})
 
-    @register(Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        self.engine.save_checkpoint(path)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        self.engine.load_checkpoint(path)
+    def weights_loaded(self) -> None:
         self.updates += 1  # the rollout must pick up the loaded weights

@@ -6,15 +6,16 @@ import torch
 
 from hybridflow_lab.algorithms.losses import aggregate, clipped_value_loss
 from hybridflow_lab.config import LabConfig
-from hybridflow_lab.controller import Dispatch, Worker, register
+from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.forward import response_values
 from hybridflow_lab.models.heads import load_scalar_model
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.workers.batching import micro_batches, per_rank_minibatch, train_minibatches
+from hybridflow_lab.workers.trained_role import TrainedRole
 
 
-class CriticWorker(Worker):
+class CriticWorker(TrainedRole):
     """Value model on one rank; starts from ``critic.model_path`` (default: the actor's backbone)."""
 
     def __init__(self, config: LabConfig) -> None:
@@ -49,11 +50,3 @@ class CriticWorker(Worker):
 
         steps = train_minibatches(self.engine, batch, self.config, self.world_size, seed, loss)
         return DataBatch(meta={"metrics": {f"critic/{'vf_loss' if k == 'loss' else k}": v for k, v in steps.items()}})
-
-    @register(Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        self.engine.save_checkpoint(path)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        self.engine.load_checkpoint(path)
