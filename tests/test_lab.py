@@ -138,3 +138,35 @@ def test_grpo_and_ppo_on_two_ray_ranks(ray_cluster, model_dir, tmp_path):
                 assert lab.groups["critic"].world_size == 2 and "critic/vf_loss" in metrics
         finally:
             lab.shutdown()
+
+
+def test_a_dataflow_written_in_a_notebook_cell(model_dir, tmp_path):
+    from hybridflow_lab.trainer.dataflows import DATAFLOWS, ESTIMATOR_OF, register_dataflow
+
+    def greedy_first(lab):
+        """Score greedy answers only, then train on sampled ones with RLOO."""
+        batch = lab.reward(lab.generate(lab.next_prompts()))
+        batch = lab.advantages(lab.old_log_prob(batch))
+        lab.update_actor(batch)
+        lab.record({"custom/rows": len(batch)})
+        return batch
+
+    register_dataflow("my_rloo", greedy_first, "rloo")
+    try:
+        lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "algorithm.name=my_rloo"))
+        assert lab.step()["custom/rows"] == 16
+        lab.shutdown()
+    finally:
+        DATAFLOWS.pop("my_rloo"), ESTIMATOR_OF.pop("my_rloo")
+
+
+def test_wandb_logs_offline_without_network(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # a key must never reach the run directory
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "trainer.wandb=true"))
+    lab.step()
+    lab.shutdown()
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+    leaked = [p for p in (tmp_path / "run").rglob("*") if p.is_file() and b"x" * 40 in p.read_bytes()]
+    assert not leaked
