@@ -44,6 +44,7 @@ def test_stages_cell_by_cell(model_dir, tmp_path):
     assert list(frame.columns)[:3] == ["prompt_text", "response_text", "ground_truth"] and len(frame) == 3
     stages = {s.name for s in lab.telemetry.spans() if s.phase.value == "stage"}
     assert {"next_prompts", "generate", "reward", "old_log_prob", "ref", "adv", "update_actor"} <= stages
+    assert {s.step for s in lab.telemetry.spans()} == {0}  # every span, worker ones included, knows its step
     lab.shutdown()
 
 

@@ -131,7 +131,8 @@ class Lab:
     @contextmanager
     def _stage(self, stage: Stage) -> Iterator[dict[str, Any]]:
         start = time.perf_counter()
-        with self.telemetry.stage(stage.value, step=self.step_index) as attrs:
+        self.telemetry.step = self.step_index  # stamps this stage's spans and its worker calls' spans
+        with self.telemetry.stage(stage.value) as attrs:
             yield attrs
         key = f"timing_s/{stage.value}"
         self._metrics[key] = self._metrics.get(key, 0.0) + time.perf_counter() - start
