@@ -6,7 +6,7 @@ PY := $(BIN)/python
 export HF_HUB_OFFLINE := 1
 export RAY_DEDUP_LOGS := 0
 
-.PHONY: demo test test-fast lint bench-dispatch clean lock
+.PHONY: demo test test-fast lint bench-dispatch bench-e2e bench-trl clean lock
 
 $(VENV)/.runtime: requirements/runtime.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,15 @@ lint: $(VENV)/.test
 bench-dispatch: $(VENV)/.runtime
 	$(BIN)/hybridflow-lab bench dispatch
 
+bench-e2e: $(VENV)/.runtime
+	$(BIN)/hybridflow-lab bench e2e
+
+# TRL's GRPOTrainer on the same workload, in its own venv (benchmarks/README.md).
+bench-trl: requirements/trl-baseline.txt
+	test -x .venv-trl/bin/python || $(PYTHON) -m venv .venv-trl
+	.venv-trl/bin/pip install --quiet -r requirements/trl-baseline.txt
+	.venv-trl/bin/python benchmarks/trl_grpo.py
+
 # Re-resolve the pins in a scratch venv (needs the package registries).
 lock:
 	rm -rf /tmp/hybridflow-lock && $(PYTHON) -m venv /tmp/hybridflow-lock
@@ -43,4 +52,4 @@ lock:
 	@echo "compare with requirements/runtime.txt:"; /tmp/hybridflow-lock/bin/pip freeze | sed 's/+cpu//'
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-trl .pytest_cache .ruff_cache

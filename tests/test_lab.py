@@ -48,6 +48,17 @@ def test_stages_cell_by_cell(model_dir, tmp_path):
     lab.shutdown()
 
 
+@pytest.mark.parametrize(("minibatch", "needs_pass"), [(16, False), (8, True)])
+def test_old_log_prob_pass_runs_only_when_a_batch_gets_several_optimizer_steps(model_dir, tmp_path, minibatch,
+                                                                                needs_pass):
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "algorithm.kl_coef=0.1",
+                                                          f"batch.update_minibatch_sequences={minibatch}"))
+    metrics = lab.step()
+    assert lab.needs_old_log_probs is needs_pass and ("timing_s/old_log_prob" in metrics) is needs_pass
+    assert {"actor/kl", "actor/entropy", "actor/pg_clipfrac"} <= metrics.keys()
+    lab.shutdown()
+
+
 @pytest.mark.parametrize("algorithm", sorted(DATAFLOWS))
 def test_every_algorithm_runs_a_step(model_dir, tmp_path, algorithm):
     extra = ["task.cost=digit_cost"] if algorithm == "safe_rlhf" else []

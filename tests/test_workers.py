@@ -78,6 +78,22 @@ def test_actor_on_the_local_backend(model_dir):
     actor.shutdown()
 
 
+def test_one_step_update_without_old_log_probs_matches_the_recomputed_ones(model_dir):
+    config = lab_config(model_dir, "local", "torch", ranks=1)  # 8 sequences, 8 per optimizer step
+    with_pass, without = (WorkerGroup(Role(ActorWorker, config), backend="local") for _ in range(2))
+    rollout = with_pass.generate_sequences(prompts(), seed=3)
+    advantages = DataBatch({"advantages": torch.linspace(-1, 1, 8)[:, None] * rollout["response_mask"]})
+    recomputed = with_pass.update_actor(rollout.union(with_pass.compute_log_prob(rollout).select("old_log_probs"))
+                                        .union(advantages)).meta["metrics"]
+    on_policy = without.update_actor(rollout.union(advantages)).meta["metrics"]
+    assert on_policy.keys() == recomputed.keys() and "actor/entropy" in on_policy
+    for key, value in recomputed.items():
+        assert on_policy[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    torch.testing.assert_close(without.compute_log_prob(rollout)["old_log_probs"],
+                               with_pass.compute_log_prob(rollout)["old_log_probs"], rtol=1e-5, atol=1e-5)
+    with_pass.shutdown(), without.shutdown()
+
+
 def test_actor_checkpoint_restores_the_policy(model_dir, tmp_path):
     actor = WorkerGroup(Role(ActorWorker, lab_config(model_dir, "local", "torch", ranks=1)), backend="local")
     rollout = actor.generate_sequences(prompts())

@@ -2,10 +2,10 @@
 
 Standard workload: Qwen2 architecture (hidden 256, 4 layers, 4 heads, 2 KV heads, intermediate
 1024, float32, character tokenizer); ``a+b=`` prompts (a, b < 1000) left-padded to 16 tokens; GRPO
-with 16 prompts x 4 samples; every response exactly 64 tokens; one optimizer step per batch; KL
-0.04 to the reference. Tokens per step = 64 x (16 + 64) = 5120. Also reported: the share of this
-machine's matmul roofline the step achieves (FLOPs the stages must do over a matmul rate measured
-in the same run).
+with 16 prompts x 4 samples; every response exactly 64 tokens; one optimizer step per batch (so the
+update's own forward pass gives the old log-probs); KL 0.04 to the reference. Tokens per step =
+64 x (16 + 64) = 5120. Also reported: the share of this machine's matmul roofline the step achieves
+(FLOPs the stages must do over a matmul rate measured in the same run).
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ def run(steps: int = 8, warmup: int = 2, ranks: int = 2, engine: str = "deepspee
     rate = matmul_gflops()
     tokens = 16 * 4 * (16 + 64)  # padded prompt + response positions, all computed
     step_s = statistics.median(m["timing_s/step"] for m in history)
-    # forward = 2 N flops per token (generation, old log-probs, reference), backward twice that
-    flops = 2 * parameters * tokens * 3 + 6 * parameters * tokens
+    # forward = 2 N flops per token (generation, reference, old log-probs when that pass runs), backward twice that
+    forwards = 2 + ("timing_s/old_log_prob" in history[-1])
+    flops = 2 * parameters * tokens * forwards + 6 * parameters * tokens
     return {
         "bench": "e2e", "workload": "standard", "actor_ranks": ranks, "engine": engine, "steps": steps,
         "tokens_per_step": tokens, "step_s_median": round(step_s, 3),

@@ -68,8 +68,8 @@ def safe_rlhf(lab: Lab) -> DataBatch:
 
 
 def log_probs(lab: Lab, batch: DataBatch) -> DataBatch:
-    """The current policy's log-probs, and the reference's when a KL term is configured."""
-    batch = lab.old_log_prob(batch)
+    """The current policy's log-probs when the update needs them, the reference's when a KL term is configured."""
+    batch = lab.old_log_prob(batch) if lab.needs_old_log_probs else batch
     return lab.ref_log_prob(batch) if lab.uses_reference else batch
 
 

@@ -175,6 +175,16 @@ class Lab:
                 columns["costs"] = rule_scores(batch, self.task.cost)["scores"]
         return batch.union(DataBatch(columns))
 
+    @property
+    def needs_old_log_probs(self) -> bool:
+        """Whether the update needs ``old_log_probs`` from a separate pass: it does when a batch gets
+        more than one optimizer step (or KL enters the reward); with exactly one, the update's own
+        forward pass gives the same numbers and the pass is skipped."""
+        batch, algorithm = self.config.batch, self.config.algorithm
+        one_step = batch.update_epochs == 1 and (
+            batch.update_minibatch_sequences >= batch.rollout_batch_prompts * batch.samples_per_prompt)
+        return not one_step or (algorithm.kl_in_reward and self.uses_reference)
+
     def old_log_prob(self, batch: DataBatch) -> DataBatch:
         """``old_log_probs`` and ``entropy`` of the responses under the current policy."""
         with self._stage(Stage.OLD_LOG_PROB):
@@ -227,13 +237,11 @@ class Lab:
         algorithm = self.config.algorithm
         kl_loss = self.uses_reference and not algorithm.kl_in_reward
         with self._stage(Stage.UPDATE_ACTOR):
-            keys = (*TRAINING_COLUMNS, "old_log_probs", "advantages", *(("ref_log_probs",) if kl_loss else ()))
-            metrics = self.actor.update_actor(batch.select(*keys), policy_loss=get_policy_loss(algorithm.policy_loss),
+            keys = [k for k in ("old_log_probs", "ref_log_probs") if k in batch]
+            metrics = self.actor.update_actor(batch.select(*TRAINING_COLUMNS, "advantages", *keys),
+                                              policy_loss=get_policy_loss(algorithm.policy_loss),
                                               kl_coef=self.kl.value if kl_loss else 0.0, seed=self._seed())
             metrics = metrics.meta["metrics"]
-        if "ref_log_probs" in batch:
-            metrics["actor/kl"] = float(((batch["old_log_probs"] - batch["ref_log_probs"]) * batch["response_mask"])
-                                        .sum() / batch["response_mask"].sum())
         self._metrics.update(metrics)
         return metrics
 

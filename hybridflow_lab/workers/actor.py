@@ -29,8 +29,6 @@ from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.workers.batching import micro_batches, per_rank_minibatch, train_minibatches
 from hybridflow_lab.workers.trained_role import TrainedRole
 
-ADVANTAGE_KEYS = ("responses", "response_mask", "old_log_probs", "advantages")
-
 
 def sampling_params(config: LabConfig, **overrides: object) -> SamplingParams:
     rollout = config.rollout
@@ -134,15 +132,17 @@ class ActorWorker(TrainedRole):
     @register(Dispatch.DP_COMPUTE)
     def update_actor(self, batch: DataBatch, policy_loss: PolicyLoss = ppo_policy_loss, kl_coef: float = 0.0,
                      seed: int = 0) -> DataBatch:
-        """Policy updates over this rank's share; needs ``old_log_probs`` and ``advantages``.
+        """Policy updates over this rank's share; needs ``advantages``.
 
-        ``policy_loss`` is any registered loss (a function, so one defined in a notebook works
-        in the workers); ``kl_coef`` > 0 adds the KL to the reference as a loss term (needs
-        ``ref_log_probs``). One optimizer step per ``update_minibatch_sequences`` (over all
-        ranks), ``update_epochs`` passes, rows shuffled with ``seed``. Returns no rows and the
-        mean metrics in ``meta["metrics"]``.
+        Without ``old_log_probs`` the update's own forward pass stands in for them (the PPO ratio
+        is 1), which is exact when the batch gets one optimizer step: the weights that generated
+        the batch are the ones being updated. ``policy_loss`` is any registered loss (a function,
+        so one defined in a notebook works in the workers); ``kl_coef`` > 0 adds the KL to the
+        reference as a loss term (needs ``ref_log_probs``). One optimizer step per
+        ``update_minibatch_sequences`` (over all ranks), ``update_epochs`` passes, rows shuffled
+        with ``seed``. Returns no rows and the mean metrics in ``meta["metrics"]``.
         """
-        needed = [*ADVANTAGE_KEYS, *(["ref_log_probs"] if kl_coef else [])]
+        needed = ["responses", "response_mask", "advantages", *(["ref_log_probs"] if kl_coef else [])]
         missing = [k for k in needed if k not in batch]
         if missing:
             raise KeyError(f"update_actor needs columns {missing}; compute them first (compute_log_prob, "
@@ -151,14 +151,16 @@ class ActorWorker(TrainedRole):
 
         def loss(module: torch.nn.Module, micro: DataBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             mask = micro["response_mask"]
-            log_probs, entropy = response_log_probs(module, micro, temperature, algorithm.entropy_coef > 0)
-            token_loss, metrics = policy_loss(log_probs, micro["old_log_probs"], micro["advantages"], mask,
+            log_probs, entropy = response_log_probs(module, micro, temperature, with_entropy=True)
+            old_log_probs = micro["old_log_probs"] if "old_log_probs" in micro else log_probs.detach()
+            token_loss, metrics = policy_loss(log_probs, old_log_probs, micro["advantages"], mask,
                                               clip_low=algorithm.clip_low, clip_high=algorithm.clip_high,
                                               dual_clip=algorithm.dual_clip or None)
-            metrics = {"pg_loss": token_loss, **metrics}
-            if entropy is not None:
+            metrics = {"pg_loss": token_loss, "entropy": entropy.detach(), **metrics}
+            if algorithm.entropy_coef:
                 token_loss = token_loss - algorithm.entropy_coef * entropy
-                metrics["entropy_loss"] = entropy
+            if "ref_log_probs" in micro:
+                metrics["kl"] = old_log_probs - micro["ref_log_probs"]
             if kl_coef:
                 kl = kl_estimate(log_probs, micro["ref_log_probs"], algorithm.kl_kind)
                 token_loss = token_loss + kl_coef * kl

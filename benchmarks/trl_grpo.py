@@ -1,0 +1,157 @@
+"""TRL ``GRPOTrainer`` throughput on the standard workload: the baseline for ``hybridflow-lab bench e2e``.
+
+Standard workload, as close as TRL allows: Qwen2 (hidden 256, 4 layers, 4 heads, 2 KV heads,
+intermediate 1024, untied embeddings, float32) built from a config with seed 0; a character tokenizer
+equivalent to ``hybridflow_lab.models.tokenizers.char_tokenizer``; ``a+b=`` prompts (a, b < 1000)
+left-padded with ``<pad>`` (attention mask 0) to 16 positions (``pad_to_multiple_of=16``; every prompt
+is at most 8 characters); GRPO with 16 prompts x 4 samples = 64 sequences and one optimizer step per
+step; every completion exactly 64 tokens (``min_new_tokens=64`` masks EOS, ``max_completion_length=64``);
+temperature 1.0; KL 0.04 to a reference model; plain ``transformers`` generate; 2 CPU threads.
+Tokens per step = 64 x (16 + 64) = 5120. Prints one JSON object.
+
+Runs in its own virtualenv (see benchmarks/README.md), not the project's::
+
+    /tmp/trl-venv/bin/python benchmarks/trl_grpo.py --steps 8 --warmup 2
+
+On a machine where another process competes for the cores, set ``OMP_WAIT_POLICY=PASSIVE``: with
+OpenMP's default spin-waiting, 2 threads sharing a busy core made ``generate`` ~20x slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import string
+import tempfile
+import time
+import warnings
+from typing import Any
+
+import torch
+import transformers
+import trl
+from datasets import Dataset
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, PrinterCallback, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS = 16, 4, 16, 64
+SEQUENCES = PROMPTS * SAMPLES
+TOKENS_PER_STEP = SEQUENCES * (PROMPT_TOKENS + NEW_TOKENS)
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character plus pad/bos/eos/unk (same vocabulary and order as the project's)."""
+    vocab = {token: i for i, token in enumerate([*SPECIALS, *dict.fromkeys(CHARACTERS)])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?m)."), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<bos>",
+                                   eos_token="<eos>", unk_token="<unk>", padding_side="left")
+
+
+def save_model(path: str, tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> None:
+    """The standard model, seeded, saved with its tokenizer (TRL reloads the reference model from ``path``)."""
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    Qwen2ForCausalLM(config).to(torch.float32).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def arithmetic_dataset(size: int, seed: int = 0) -> Dataset:
+    rng = random.Random(seed)
+    pairs = [(rng.randrange(1000), rng.randrange(1000)) for _ in range(size)]
+    return Dataset.from_dict({"prompt": [f"{a}+{b}=" for a, b in pairs], "answer": [str(a + b) for a, b in pairs]})
+
+
+def exact_sum(completions: list[str], answer: list[str], **_: Any) -> list[float]:
+    """1.0 when the completion starts with the correct sum, else 0.0."""
+    return [float(c.startswith(a)) for c, a in zip(completions, answer, strict=True)]
+
+
+class ShapeCheckingGRPOTrainer(GRPOTrainer):
+    """Records the batch each generation hands to the update: sequences, prompt positions, completion tokens."""
+
+    shapes: list[tuple[int, int, float]]
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        out = super()._generate_and_score_completions(inputs)
+        rows, prompt_len = out["prompt_ids"].shape
+        self.shapes.append((rows, prompt_len, out["completion_mask"].sum(1).float().mean().item()))
+        return out
+
+
+class StepTimer(TrainerCallback):
+    """Wall time of each optimizer step (generate, reward, reference, update)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._start = 0.0
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.times.append(time.perf_counter() - self._start)
+
+
+def run(steps: int = 8, warmup: int = 2, threads: int = 2) -> dict[str, Any]:
+    torch.set_num_threads(threads)
+    tokenizer = char_tokenizer()
+    with tempfile.TemporaryDirectory() as tmp:
+        save_model(f"{tmp}/model", tokenizer)
+        config = GRPOConfig(
+            output_dir=f"{tmp}/out", max_steps=warmup + steps, seed=0,
+            per_device_train_batch_size=SEQUENCES, num_generations=SAMPLES, gradient_accumulation_steps=1,
+            num_iterations=1, max_completion_length=NEW_TOKENS, generation_kwargs={"min_new_tokens": NEW_TOKENS},
+            pad_to_multiple_of=PROMPT_TOKENS, temperature=1.0, beta=0.04, loss_type="dapo", epsilon_high=0.28,
+            learning_rate=1e-6, gradient_checkpointing=False, bf16=False, fp16=False, use_vllm=False,
+            use_cpu=True, dataloader_num_workers=0, logging_steps=1, save_strategy="no", eval_strategy="no",
+            report_to="none", disable_tqdm=True,
+        )
+        timer = StepTimer()
+        trainer = ShapeCheckingGRPOTrainer(
+            model=f"{tmp}/model", reward_funcs=exact_sum, args=config, processing_class=tokenizer,
+            train_dataset=arithmetic_dataset(PROMPTS * (warmup + steps)), callbacks=[timer],
+        )
+        trainer.remove_callback(PrinterCallback)  # per-step logs would break the one-JSON-object output
+        trainer.shapes = []
+        trainer.train()
+    rows, prompt_lens, completion_lens = zip(*trainer.shapes, strict=True)
+    assert set(rows) == {SEQUENCES} and set(prompt_lens) == {PROMPT_TOKENS}, trainer.shapes
+    assert set(completion_lens) == {float(NEW_TOKENS)}, trainer.shapes
+    measured = timer.times[warmup:]
+    return {
+        "bench": "trl_grpo", "workload": "standard", "trl_version": trl.__version__,
+        "transformers_version": transformers.__version__, "torch_version": torch.__version__, "steps": len(measured),
+        "warmup": warmup, "sequences_per_step": rows[0], "prompt_tokens": prompt_lens[0],
+        "completion_tokens_mean": statistics.mean(completion_lens), "tokens_per_step": TOKENS_PER_STEP,
+        "step_s_median": round(statistics.median(measured), 3),
+        "tokens_per_s_median": round(statistics.median(TOKENS_PER_STEP / t for t in measured), 1),
+        "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8, help="measured optimizer steps")
+    parser.add_argument("--warmup", type=int, default=2, help="steps run first and not measured")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    print(json.dumps(run(args.steps, args.warmup, args.threads)))
+
+
+if __name__ == "__main__":
+    main()
