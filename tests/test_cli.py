@@ -58,3 +58,14 @@ def test_bench_dispatch_prints_comparable_json(tmp_path):
         assert set(row) >= {"mode", "workers", "payload_bytes", "ours_ms_p50", "ray_ms_p50", "ratio"}
         assert row["ours_ms_p50"] > 0 and row["ray_ms_p50"] > 0
         assert row["ratio"] == pytest.approx(row["ours_ms_p50"] / row["ray_ms_p50"], rel=0.01)
+
+
+def test_rl_demo_reports_accuracy_before_after_and_the_curve(tmp_path):
+    out = run_cli("demo", "--run-dir", str(tmp_path), "--sft-steps", "30", "--rl-steps", "50")
+    summary = json.loads(out[out.index("{"):])
+    assert 0.0 <= summary["accuracy_before_rl"] <= 1.0 and 0.0 <= summary["accuracy_after_rl"] <= 1.0
+    assert summary["gain_points"] == pytest.approx(100 * (summary["accuracy_after_rl"] - summary["accuracy_before_rl"]),
+                                                   abs=0.051)
+    assert list(summary["accuracy_every_50_steps"]) == ["50"]
+    assert len((tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()) == 50
+    assert (tmp_path / "grpo" / "checkpoints" / "step_000050").is_dir()

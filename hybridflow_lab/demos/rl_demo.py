@@ -24,17 +24,19 @@ def main(run_dir: str = "runs/demo", sft_steps: int = 700, rl_steps: int = 300) 
     sft_metrics = sft(base, ArithmeticTask(digits=2, operators="+"), root / "sft", steps=sft_steps, batch_size=64,
                       lr=3e-3)
     lab = Lab("arithmetic_grpo", overrides=(f"actor.model_path={root / 'sft'}", f"trainer.run_dir={root / 'grpo'}",
-                                            f"trainer.steps={rl_steps}", "trainer.eval_every=0"))
+                                            f"trainer.steps={rl_steps}", "trainer.eval_every=50"))
     before = lab.evaluate()["eval/accuracy"]
     print(f"[demo] after SFT: held-out accuracy {before:.3f}; GRPO for {rl_steps} steps on "
           f"{lab.config.actor.ranks} Ray ranks", flush=True)
-    lab.run()
+    history = lab.run()
     lab.save()
     after = lab.evaluate()["eval/accuracy"]
+    curve = {step: m["eval/accuracy"] for step, m in enumerate(history, 1) if "eval/accuracy" in m}
     lab.shutdown()
     summary = {"sft_final_loss": round(sft_metrics["sft/final_loss"], 4), "accuracy_before_rl": before,
                "accuracy_after_rl": after, "gain_points": round(100 * (after - before), 1),
-               "wall_s": round(time.perf_counter() - start, 1), "run_dir": str(root / "grpo")}
+               "accuracy_every_50_steps": curve, "wall_s": round(time.perf_counter() - start, 1),
+               "run_dir": str(root / "grpo")}
     print(json.dumps(summary, indent=2))
     return summary
 
