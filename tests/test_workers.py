@@ -91,7 +91,8 @@ def test_one_step_update_without_old_log_probs_matches_the_recomputed_ones(model
         assert on_policy[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     torch.testing.assert_close(without.compute_log_prob(rollout)["old_log_probs"],
                                with_pass.compute_log_prob(rollout)["old_log_probs"], rtol=1e-5, atol=1e-5)
-    with_pass.shutdown(), without.shutdown()
+    with_pass.shutdown()
+    without.shutdown()
 
 
 def test_actor_checkpoint_restores_the_policy(model_dir, tmp_path):

@@ -1,6 +1,6 @@
 """The main demo (``make demo``): SFT a tiny model on 2-digit addition, then GRPO on a local Ray cluster.
 
-Prints held-out greedy accuracy before and after RL, the wall time, and the run directory
+Prints held-out greedy accuracy before RL, every 50 RL steps and after, the wall time, and the run directory
 (metrics.jsonl, spans.jsonl, checkpoints).
 """
 
