@@ -112,6 +112,15 @@ def test_a_crash_while_saving_keeps_the_previous_checkpoint(model_dir, tmp_path,
     lab.shutdown()
 
 
+def test_sorting_task_takes_its_length_from_the_config(model_dir, tmp_path):
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "task.name=sorting",
+                                                          "task.length=6", "rollout.max_prompt_tokens=12"))
+    prompts = lab.next_prompts()
+    assert all(len(text) == len("sort:") + 6 + 1 for text in prompts["prompt_text"])
+    assert all(len(truth) == 6 for truth in prompts["ground_truth"])
+    lab.shutdown()
+
+
 def test_evaluate_reports_accuracy(model_dir, tmp_path):
     lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run"))
     result = lab.evaluate()
@@ -126,6 +135,8 @@ BAD = [
     (["algorithm.name=safe_rlhf"], "task.cost", "needs a cost signal"),
     (["task.name=chess"], "task.name", "unknown task 'chess'"),
     (["task.name=gsm8k"], "task.dataset_path", "needs a .jsonl or .parquet file"),
+    (["task.digits=0"], "task.digits", "digits must be at least 1"),
+    (["task.name=sorting", "task.length=0"], "task.length", "length must be at least 1"),
 ]
 
 

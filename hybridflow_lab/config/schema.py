@@ -95,6 +95,7 @@ class TaskConfig:
     digits: int = 2
     operators: str = "+"
     partial_credit: str = "format"  # arithmetic: "format" or "digits"
+    length: int = 4  # sorting: characters per prompt
     dataset_path: str = ""  # gsm8k: .jsonl or .parquet
     eval_size: int = 64
     cost: str = ""  # safe_rlhf: a rule cost ("digit_cost")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from hybridflow_lab.algorithms.dapo import overlong_penalty
 from hybridflow_lab.config import ConfigError, LabConfig
+from hybridflow_lab.config.schema import TaskConfig
 from hybridflow_lab.tasks import (
     Example,
     PromptSource,
@@ -37,6 +39,13 @@ class TaskSetup:
     shaping: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda lengths: torch.zeros(len(lengths)))
 
 
+# the task config keys each bundled task takes
+TASK_SETTINGS: dict[str, Callable[[TaskConfig], dict[str, Any]]] = {
+    "arithmetic": lambda c: {"digits": c.digits, "operators": c.operators, "partial_credit": c.partial_credit},
+    "sorting": lambda c: {"length": c.length},
+}
+
+
 def build_task(config: LabConfig) -> TaskSetup:
     """The run's task; a bad name, file or row is a ``ConfigError`` raised before workers start."""
     task_config, seed = config.task, config.seed
@@ -54,11 +63,10 @@ def build_task(config: LabConfig) -> TaskSetup:
         setup = TaskSetup(PromptSource(train, seed), gsm8k_reward, evaluation[: task_config.eval_size], cost=cost)
     else:
         try:
-            kwargs = {"digits": task_config.digits, "operators": task_config.operators,
-                      "partial_credit": task_config.partial_credit} if task_config.name == "arithmetic" else {}
-            task = make_task(task_config.name, **kwargs)
+            task = make_task(task_config.name, **TASK_SETTINGS.get(task_config.name, lambda _: {})(task_config))
         except (TypeError, ValueError) as exc:
-            raise ConfigError("task.name", str(exc)) from None
+            setting = str(exc).split()[0]  # the tasks' messages start with the bad setting's name
+            raise ConfigError(f"task.{setting}" if hasattr(task_config, setting) else "task.name", str(exc)) from None
         setup = TaskSetup(PromptSource(task, seed), task.reward, held_out(task, task_config.eval_size, seed), task,
                           cost)
     algorithm = config.algorithm
