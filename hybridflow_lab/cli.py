@@ -19,7 +19,7 @@ def _demo(args: argparse.Namespace) -> None:
     else:
         from hybridflow_lab.demos import rl_demo
 
-        rl_demo.main(run_dir=args.run_dir, sft_steps=args.sft_steps, rl_steps=args.rl_steps)
+        rl_demo.main(run_dir=args.run_dir, task=args.task, sft_steps=args.sft_steps, rl_steps=args.rl_steps)
 
 
 def _lab(args: argparse.Namespace, resume: bool) -> Any:
@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("which", nargs="?", choices=["rl", "controller"], default="rl")
     demo.add_argument("--backend", choices=["ray", "local"], default="ray", help="controller demo only")
     demo.add_argument("--run-dir", default="runs/demo")
-    demo.add_argument("--sft-steps", type=int, default=700)
+    demo.add_argument("--task", choices=["arithmetic", "sorting"], default="arithmetic", help="rl demo only")
+    demo.add_argument("--sft-steps", type=int, default=None, help="default: the task's (700 arithmetic, 70 sorting)")
     demo.add_argument("--rl-steps", type=int, default=300)
     demo.set_defaults(run=_demo)
 

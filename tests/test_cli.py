@@ -60,8 +60,9 @@ def test_bench_dispatch_prints_comparable_json(tmp_path):
         assert row["ratio"] == pytest.approx(row["ours_ms_p50"] / row["ray_ms_p50"], rel=0.01)
 
 
-def test_rl_demo_reports_accuracy_before_after_and_the_curve(tmp_path):
-    out = run_cli("demo", "--run-dir", str(tmp_path), "--sft-steps", "30", "--rl-steps", "50")
+@pytest.mark.parametrize("task", ["arithmetic", "sorting"])
+def test_rl_demo_reports_accuracy_before_after_and_the_curve(tmp_path, task):
+    out = run_cli("demo", "--task", task, "--run-dir", str(tmp_path), "--sft-steps", "30", "--rl-steps", "50")
     summary = json.loads(out[out.index("{"):])
     assert 0.0 <= summary["accuracy_before_rl"] <= 1.0 and 0.0 <= summary["accuracy_after_rl"] <= 1.0
     assert summary["gain_points"] == pytest.approx(100 * (summary["accuracy_after_rl"] - summary["accuracy_before_rl"]),
