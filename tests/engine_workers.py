@@ -5,14 +5,16 @@ from __future__ import annotations
 import torch
 
 from hybridflow_lab import DataBatch
-from hybridflow_lab.controller import Dispatch, Worker, register
+from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.engines import OptimConfig, build_train_engine
 from hybridflow_lab.engines.forward import count_response_tokens, response_nll
 from hybridflow_lab.models import load_causal_lm
+from hybridflow_lab.workers.trained_role import TrainedRole
 
 
-class EngineProbe(Worker):
-    """Trains with one engine on its data-parallel share and reports the global losses."""
+class EngineProbe(TrainedRole):
+    """Trains with one engine on its data-parallel share and reports the global losses; checkpoints as every
+    trained role does."""
 
     def __init__(self, model_dir: str, backend: str, zero_stage: int = 2, micro_batches: int = 2,
                  offload: bool = False) -> None:
@@ -35,11 +37,3 @@ class EngineProbe(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def weights(self) -> dict[str, torch.Tensor]:
         return self.engine.full_state_dict()
-
-    @register(Dispatch.ONE_TO_ALL)
-    def save(self, path: str) -> None:
-        self.engine.save_checkpoint(path)
-
-    @register(Dispatch.ONE_TO_ALL)
-    def load(self, path: str) -> None:
-        self.engine.load_checkpoint(path)

@@ -77,11 +77,11 @@ def test_checkpoint_resumes_the_same_run(ray_cluster, model_dir, tmp_path, backe
 
     group = build()
     group.train(sequences(), steps=2)
-    group.save(str(tmp_path / "ckpt"))
+    group.save_checkpoint(str(tmp_path / "ckpt"))
     expected = group.train(sequences(seed=1), steps=2).meta["losses"]
     group.shutdown()
     resumed = build()  # fresh weights and optimizer, then the checkpoint
-    resumed.load(str(tmp_path / "ckpt"))
+    resumed.load_checkpoint(str(tmp_path / "ckpt"))
     assert resumed.train(sequences(seed=1), steps=2).meta["losses"] == pytest.approx(expected, rel=1e-6)
     resumed.shutdown()
 

@@ -31,7 +31,7 @@ from hybridflow_lab.tasks.prompts import encode_prompts
 from hybridflow_lab.telemetry import JsonlSink, TelemetryStore
 from hybridflow_lab.trainer import checkpointing
 from hybridflow_lab.trainer.dataflows import DATAFLOWS, ESTIMATOR_OF, check_algorithm, uses_critic
-from hybridflow_lab.trainer.metrics import data_metrics, throughput
+from hybridflow_lab.trainer.metrics import accuracy, data_metrics, throughput
 from hybridflow_lab.trainer.presets import resolve_config
 from hybridflow_lab.trainer.run_log import MetricsLog
 from hybridflow_lab.trainer.stages import Stage
@@ -181,8 +181,7 @@ class Lab:
         more than one optimizer step (or KL enters the reward); with exactly one, the update's own
         forward pass gives the same numbers and the pass is skipped."""
         batch, algorithm = self.config.batch, self.config.algorithm
-        one_step = batch.update_epochs == 1 and (
-            batch.update_minibatch_sequences >= batch.rollout_batch_prompts * batch.samples_per_prompt)
+        one_step = batch.update_epochs == 1 and batch.update_minibatch_sequences >= batch.step_sequences
         return not one_step or (algorithm.kl_in_reward and self.uses_reference)
 
     def old_log_prob(self, batch: DataBatch) -> DataBatch:
@@ -258,7 +257,7 @@ class Lab:
         seconds = time.perf_counter() - start
         metrics = {**self._metrics, **data_metrics(batch, self.config.rollout.max_new_tokens),
                    **throughput(batch, seconds), "timing_s/step": seconds,
-                   "train/accuracy": float((batch["scores"] >= 1.0).float().mean())}
+                   "train/accuracy": accuracy(batch["scores"])}
         self.step_index += 1
         self.last_batch = batch
         trainer = self.config.trainer
@@ -292,7 +291,7 @@ class Lab:
         with self._stage(Stage.EVALUATE):
             out = self.actor.generate_sequences(self._encode(examples), greedy=True, n=1, seed=0)
             scores = rule_scores(out, self.task.reward)["scores"]
-        return {"eval/accuracy": float((scores >= 1.0).float().mean()), "eval/score": float(scores.mean())}
+        return {"eval/accuracy": accuracy(scores), "eval/score": float(scores.mean())}
 
     def show(self, batch: DataBatch | None = None, rows: int = 8) -> Any:
         """Prompts, responses, scores and advantages as a table."""
@@ -305,13 +304,16 @@ class Lab:
         return frame
 
     # --------------------------------------------------------------- checkpoints
+    def _trained_groups(self) -> dict[str, WorkerGroup]:
+        """The groups whose weights change and are checkpointed (the reward model is frozen)."""
+        return {role: group for role, group in self.groups.items() if role != "reward_model"}
+
     def save(self) -> Path:
         """Checkpoint every role and the controller state for ``step_index`` (atomically)."""
         with self._stage(Stage.SAVE):
             staging = checkpointing.staging_dir(self.run_dir, self.step_index)
-            for role, group in self.groups.items():
-                if role != "reward_model":
-                    group.save_checkpoint(str(staging / role))
+            for role, group in self._trained_groups().items():
+                group.save_checkpoint(str(staging / role))
             state = {"step": self.step_index, "next_uid": self._next_uid, "source": self.task.source.state_dict(),
                      "kl": self.kl.state_dict(), "lagrange": self.lagrange.state_dict(),
                      "config": to_dict(self.config)}
@@ -323,9 +325,8 @@ class Lab:
         if path is None:
             raise FileNotFoundError(f"no checkpoint under {self.run_dir / 'checkpoints'}")
         state = checkpointing.read_state(path)
-        for role, group in self.groups.items():
-            if role != "reward_model":
-                group.load_checkpoint(str(path / role))
+        for role, group in self._trained_groups().items():
+            group.load_checkpoint(str(path / role))
         self.step_index, self._next_uid = state["step"], state["next_uid"]
         self.task.source.load_state_dict(state["source"])
         self.kl.load_state_dict(state["kl"])

@@ -39,6 +39,11 @@ def data_metrics(batch: DataBatch, max_new_tokens: int) -> dict[str, float]:
     return metrics
 
 
+def accuracy(scores: torch.Tensor) -> float:
+    """Share of sequences with a full score (exact match under the bundled rules)."""
+    return float((scores >= 1.0).float().mean())
+
+
 def throughput(batch: DataBatch, seconds: float) -> dict[str, float]:
     """``perf/throughput``: (prompt + response) tokens of the step per second of the step."""
     tokens = float(batch["attention_mask"].sum())

@@ -14,20 +14,20 @@ import torch
 from transformers import AutoTokenizer
 
 from hybridflow_lab.algorithms.kl import kl_estimate
-from hybridflow_lab.algorithms.losses import aggregate, ppo_policy_loss
+from hybridflow_lab.algorithms.losses import ppo_policy_loss
 from hybridflow_lab.algorithms.registry import PolicyLoss
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, register
-from hybridflow_lab.engines import SamplingParams, build_train_engine
+from hybridflow_lab.engines import SamplingParams
 from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.torch_rollout import TorchRollout
+from hybridflow_lab.models import load_causal_lm
+from hybridflow_lab.protocol import DataBatch
+from hybridflow_lab.workers.batching import micro_batches, train_minibatches
+from hybridflow_lab.workers.trained_role import TrainedRole
 
 if TYPE_CHECKING:
     from hybridflow_lab.engines.vllm_rollout import VllmRollout
-from hybridflow_lab.models import load_causal_lm
-from hybridflow_lab.protocol import DataBatch
-from hybridflow_lab.workers.batching import micro_batches, per_rank_minibatch, train_minibatches
-from hybridflow_lab.workers.trained_role import TrainedRole
 
 
 def sampling_params(config: LabConfig, **overrides: object) -> SamplingParams:
@@ -45,13 +45,8 @@ class ActorWorker(TrainedRole):
         self.config = config
         path = config.actor.model_path
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        role, batch = config.actor, config.batch
-        micro = batch.micro_batch_sequences_per_rank
-        self.engine = build_train_engine(
-            role.engine.backend, load_causal_lm(path), role.optim, zero_stage=role.engine.zero_stage,
-            micro_batch_size=micro, micro_batches_per_step=per_rank_minibatch(batch, self.world_size) // micro,
-            offload=role.engine.offload, bf16=role.engine.bf16,
-        )
+        role = config.actor
+        self.engine = self.build_engine(role, load_causal_lm(path))
         self.reference = load_causal_lm(path).eval().requires_grad_(False)
         self.shares_weights = config.rollout.engine == "torch" and (role.engine.backend == "torch" or (
             role.engine.backend == "deepspeed" and role.engine.zero_stage < 3))
@@ -165,8 +160,7 @@ class ActorWorker(TrainedRole):
                 kl = kl_estimate(log_probs, micro["ref_log_probs"], algorithm.kl_kind)
                 token_loss = token_loss + kl_coef * kl
                 metrics["kl_loss"] = kl
-            return aggregate(token_loss, mask, algorithm.loss_agg)[0], {
-                k: aggregate(v, mask, algorithm.loss_agg)[0] for k, v in metrics.items()}
+            return token_loss, metrics
 
         steps = train_minibatches(self.engine, batch, self.config, self.world_size, seed, loss)
         self.updates += 1

@@ -35,13 +35,19 @@ def average(metrics: list[dict[str, float]]) -> dict[str, float]:
 
 
 def train_minibatches(engine: TrainEngine, rows: DataBatch, config: LabConfig, ranks: int, seed: int,
-                      loss: LossFn) -> dict[str, float]:
+                      token_loss: LossFn) -> dict[str, float]:
     """One optimizer step per mini-batch of ``rows`` (this rank's share); the steps' mean metrics.
 
-    The loss function aggregates with ``algorithm.loss_agg``, so the engine averages by that
-    mode's units (tokens or sequences) over all micro-batches and ranks.
+    ``token_loss`` returns the loss and metrics per response token (``[rows, length]``); they are
+    aggregated with ``algorithm.loss_agg``, and the engine averages by that mode's units (tokens
+    or sequences) over all micro-batches and ranks.
     """
     batch, mode = config.batch, config.algorithm.loss_agg
+
+    def loss(module: torch.nn.Module, micro: DataBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mask = micro["response_mask"]
+        value, metrics = token_loss(module, micro)
+        return aggregate(value, mask, mode)[0], {k: aggregate(v, mask, mode)[0] for k, v in metrics.items()}
 
     def units(micro: DataBatch) -> float:
         mask = micro["response_mask"]

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow_lab.algorithms.losses import aggregate, clipped_value_loss
+from hybridflow_lab.algorithms.losses import clipped_value_loss
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, register
-from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.forward import response_values
 from hybridflow_lab.models.heads import load_scalar_model
 from hybridflow_lab.protocol import DataBatch
-from hybridflow_lab.workers.batching import micro_batches, per_rank_minibatch, train_minibatches
+from hybridflow_lab.workers.batching import micro_batches, train_minibatches
 from hybridflow_lab.workers.trained_role import TrainedRole
 
 
@@ -21,14 +20,8 @@ class CriticWorker(TrainedRole):
     def __init__(self, config: LabConfig) -> None:
         torch.manual_seed(config.seed)
         self.config = config
-        role, batch = config.critic, config.batch
-        micro = batch.micro_batch_sequences_per_rank
-        model = load_scalar_model(role.model_path or config.actor.model_path, seed=config.seed)
-        self.engine = build_train_engine(
-            role.engine.backend, model, role.optim, zero_stage=role.engine.zero_stage, micro_batch_size=micro,
-            micro_batches_per_step=per_rank_minibatch(batch, self.world_size) // micro, offload=role.engine.offload,
-            bf16=role.engine.bf16,
-        )
+        model = load_scalar_model(config.critic.model_path or config.actor.model_path, seed=config.seed)
+        self.engine = self.build_engine(config.critic, model)
 
     @register(Dispatch.DP_COMPUTE)
     def compute_values(self, batch: DataBatch) -> DataBatch:
@@ -40,13 +33,11 @@ class CriticWorker(TrainedRole):
     @register(Dispatch.DP_COMPUTE)
     def update_critic(self, batch: DataBatch, seed: int = 0) -> DataBatch:
         """Regress values on ``returns`` (needs ``values`` from before the update); metrics in meta."""
-        clip, mode = self.config.algorithm.value_clip, self.config.algorithm.loss_agg
+        clip = self.config.algorithm.value_clip
 
         def loss(module: torch.nn.Module, micro: DataBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            mask = micro["response_mask"]
-            token_loss, metrics = clipped_value_loss(response_values(module, micro), micro["values"],
-                                                     micro["returns"], mask, clip)
-            return aggregate(token_loss, mask, mode)[0], {k: aggregate(v, mask, mode)[0] for k, v in metrics.items()}
+            return clipped_value_loss(response_values(module, micro), micro["values"], micro["returns"],
+                                      micro["response_mask"], clip)
 
         steps = train_minibatches(self.engine, batch, self.config, self.world_size, seed, loss)
         return DataBatch(meta={"metrics": {f"critic/{'vf_loss' if k == 'loss' else k}": v for k, v in steps.items()}})

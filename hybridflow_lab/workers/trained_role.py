@@ -1,15 +1,31 @@
-"""The base of roles that train a model with an engine: their checkpoint calls."""
+"""The base of roles that train a model with an engine: building it, and their checkpoint calls."""
 
 from __future__ import annotations
 
+from torch import nn
+
+from hybridflow_lab.config import LabConfig, RoleConfig
 from hybridflow_lab.controller import Dispatch, Worker, register
+from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.train_base import TrainEngine
+from hybridflow_lab.workers.batching import per_rank_minibatch
 
 
 class TrainedRole(Worker):
     """A role with ``self.engine``; checkpoints go through it (collective on every rank)."""
 
+    config: LabConfig
     engine: TrainEngine
+
+    def build_engine(self, role: RoleConfig, model: nn.Module) -> TrainEngine:
+        """``role``'s training engine around ``model``, sized by the run's batch config (collective)."""
+        batch, engine = self.config.batch, role.engine
+        micro = batch.micro_batch_sequences_per_rank
+        return build_train_engine(
+            engine.backend, model, role.optim, zero_stage=engine.zero_stage, micro_batch_size=micro,
+            micro_batches_per_step=per_rank_minibatch(batch, self.world_size) // micro, offload=engine.offload,
+            bf16=engine.bf16,
+        )
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
