@@ -68,13 +68,8 @@ def reinforce_plus_plus(
     token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted return-to-go per valid token, whitened over the batch; ``(advantages, returns)``."""
-    valid = mask.bool()
-    running = torch.zeros_like(token_rewards[:, 0])
-    columns = []
-    for t in reversed(range(token_rewards.shape[1])):
-        running = torch.where(valid[:, t], token_rewards[:, t] + gamma * running, running)
-        columns.append(torch.where(valid[:, t], running, torch.zeros_like(running)))
-    returns = torch.stack(columns[::-1], dim=1)
+    # the return-to-go is GAE's recursion with no critic (values 0) and lambda 1
+    returns, _ = gae(token_rewards, torch.zeros_like(token_rewards), mask, gamma=gamma, lam=1.0, whiten=False)
     return masked_whiten(returns, mask), returns
 
 
