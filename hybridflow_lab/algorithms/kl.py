@@ -57,11 +57,11 @@ class FixedKLController:
         self.value = float(state["value"])
 
 
-class AdaptiveKLController:
+class AdaptiveKLController(FixedKLController):
     """Ziegler et al.'s proportional controller steering the observed KL towards ``target``."""
 
     def __init__(self, init_coef: float, target: float, horizon: int) -> None:
-        self.value = float(init_coef)
+        super().__init__(init_coef)
         self.target = float(target)
         self.horizon = horizon
 
@@ -69,9 +69,3 @@ class AdaptiveKLController:
         """Scale the coefficient by 1 + clip(kl / target - 1, +-0.2) * n_steps / horizon."""
         error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_steps / self.horizon
-
-    def state_dict(self) -> dict[str, float]:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        self.value = float(state["value"])
