@@ -61,6 +61,12 @@ def _init_model(args: argparse.Namespace) -> None:
     print(json.dumps({"path": str(path), "size": args.size, "arch": args.arch, **describe(load_causal_lm(path))}))
 
 
+def _dashboard(args: argparse.Namespace) -> None:
+    from hybridflow_lab.ui.served import serve
+
+    serve(args.run_dir, port=args.port, address=args.address, period_ms=args.period_ms)
+
+
 QUICK_BENCH = {
     "dispatch": {"workers": (1, 2), "payloads": (0, 1 << 20), "repeats": 3},
     "rollout": {"size": "tiny", "prompts": 8, "new_tokens": 8, "repeats": 1},
@@ -116,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
     init.add_argument("--seed", type=int, default=0)
     init.set_defaults(run=_init_model)
+
+    board = commands.add_parser("dashboard", help="serve a run's live dashboard (panel) from its run directory")
+    board.add_argument("--run", dest="run_dir", required=True, help="the run directory (trainer.run_dir)")
+    board.add_argument("--port", type=int, default=5006)
+    board.add_argument("--address", default="127.0.0.1")
+    board.add_argument("--period-ms", type=int, default=1000, help="how often to read new telemetry")
+    board.set_defaults(run=_dashboard)
 
     bench = commands.add_parser("bench", help="benchmarks that print JSON")
     bench.add_argument("what", choices=sorted(QUICK_BENCH))

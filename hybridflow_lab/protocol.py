@@ -25,7 +25,7 @@ SAVE_FORMAT = "hybridflow_lab.DataBatch/1"
 class DataBatch:
     """Named tensor and non-tensor columns sharing a leading batch dimension, plus ``meta``."""
 
-    __slots__ = ("_size", "meta", "non_tensors", "tensors")
+    __slots__ = ("_size", "meta", "non_tensors", "summary", "tensors")
 
     def __init__(
         self,
@@ -37,6 +37,7 @@ class DataBatch:
         self.tensors: dict[str, torch.Tensor] = {}
         self.non_tensors: dict[str, np.ndarray] = {}
         self.meta: dict[str, Any] = dict(meta or {})
+        self.summary: Any = None  # what produced this batch, for display (a Lab stage sets it); never shipped
         for key, value in (tensors or {}).items():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"tensor column {key!r} is a {type(value).__name__}, expected a torch.Tensor")
@@ -267,7 +268,8 @@ class DataBatch:
         return pd.DataFrame(frame, index=pd.RangeIndex(self._size))
 
     def _repr_html_(self) -> str:
-        return f"<p>{self._summary()}</p>" + self[:20].to_pandas().to_html(max_cols=20)
+        header = self.summary._repr_html_() if hasattr(self.summary, "_repr_html_") else ""
+        return f"{header}<p>{self._summary()}</p>" + self[:8].to_pandas().to_html(max_cols=20)
 
     def _summary(self) -> str:
         parts = [f"{k} {str(v.dtype).removeprefix('torch.')}{list(v.shape)}" for k, v in self.tensors.items()]

@@ -57,6 +57,9 @@ UNWORKABLE = [
     ({"critic.model_path": "/nonexistent/critic"}, "critic.model_path", "does not exist"),
     ({"batch.rollout_batch_prompts": 0}, "batch.rollout_batch_prompts", "must be >= 1"),
     ({"rollout.engine": "sglang"}, "rollout.engine", "'sglang' is not one of"),
+    ({"critic.ranks": 1}, "critic.pool", r"critic \(1 ranks\) is colocated with actor \(2 ranks\) on pool 'main'; "
+     r".*set critic.ranks=2, or critic.pool=critic"),
+    ({"critic.pool": "''"}, "critic.pool", "must name a resource pool"),
 ]
 
 

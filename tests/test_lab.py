@@ -32,6 +32,11 @@ def test_stages_cell_by_cell(model_dir, tmp_path):
     assert len(prompts) == 4 and prompts["uid"].tolist() == [0, 1, 2, 3]
     batch = lab.generate(prompts)
     assert len(batch) == 16 and batch["uid"].tolist()[:4] == [0, 0, 0, 0]
+    summary = batch.summary  # what a notebook shows for the stage's output
+    assert summary.stage == "generate" and summary.rows == 16 and summary.seconds > 0
+    assert summary.tokens == int(batch["attention_mask"].sum()) and summary.bytes_moved > 0
+    assert list(summary.worker_calls.values()) == [[0]] and len(summary.samples) == 3
+    assert summary.headline() in batch._repr_html_()
     batch = lab.ref_log_prob(lab.old_log_prob(lab.reward(batch)))
     assert {"scores", "token_level_scores", "old_log_probs", "entropy", "ref_log_probs"} <= set(batch.keys())
     torch.testing.assert_close(batch["ref_log_probs"], batch["old_log_probs"], rtol=1e-5, atol=1e-5)
@@ -40,8 +45,10 @@ def test_stages_cell_by_cell(model_dir, tmp_path):
     assert torch.allclose(per_group.sum(-1), torch.zeros(4), atol=1e-4)  # group-normalised
     metrics = lab.update_actor(batch)
     assert {"actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/kl"} <= metrics.keys()
+    assert metrics.summary.stage == "update_actor" and "update_actor (step 0)" in metrics._repr_html_()
     frame = lab.show(batch, rows=3)
-    assert list(frame.columns)[:3] == ["prompt_text", "response_text", "ground_truth"] and len(frame) == 3
+    assert list(frame.columns) == ["prompt", "response", "ground_truth", "score", "advantage"] and len(frame) == 3
+    assert frame["prompt"].tolist() == list(batch["prompt_text"][:3])
     stages = {s.name for s in lab.telemetry.spans() if s.phase.value == "stage"}
     assert {"next_prompts", "generate", "reward", "old_log_prob", "ref", "adv", "update_actor"} <= stages
     assert {s.step for s in lab.telemetry.spans()} == {0}  # every span, worker ones included, knows its step

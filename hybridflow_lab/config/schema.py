@@ -19,10 +19,15 @@ class EngineConfig:
 
 @dataclass
 class RoleConfig:
-    """A model role: where its weights come from, how many data-parallel ranks, how it trains."""
+    """A model role: where its weights come from, which pool it runs on, how many data-parallel ranks, how it trains.
+
+    Roles naming the same ``pool`` are colocated (rank i of each shares device slot i) and need the
+    same ``ranks``; roles on different pools run on disjoint devices.
+    """
 
     model_path: str = ""  # empty: the actor's model
     ranks: int = 1
+    pool: str = "main"
     engine: EngineConfig = field(default_factory=EngineConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
 
@@ -110,6 +115,7 @@ class TrainerConfig:
     save_every: int = 0  # 0: only when asked
     keep_checkpoints: int = 2
     eval_every: int = 0
+    logged_samples: int = 8  # rows of each step's batch kept for the sample browser, samples.jsonl and wandb
     progress: bool = True
     wandb: bool = False
     wandb_project: str = "hybridflow-lab"

@@ -25,6 +25,7 @@ def validate(config: LabConfig, roles: tuple[str, ...] = ("actor", "critic")) ->
     _check_batch(config)
     for name in roles:
         _check_role(config, name, getattr(config, name))
+    _check_pools(config, roles)
     _check_rollout(config)
     if config.reward_model_path:
         _model(config.reward_model_path, "reward_model_path")
@@ -71,6 +72,23 @@ def _check_role(config: LabConfig, name: str, role: RoleConfig) -> None:
             f"ranks); use one of {divisors(per_rank)}",
         )
     _model(role.model_path or config.actor.model_path, f"{name}.model_path")
+
+
+def _check_pools(config: LabConfig, roles: tuple[str, ...]) -> None:
+    """Roles sharing a pool are colocated rank by rank, so they need the same number of ranks."""
+    first_on_pool: dict[str, str] = {}
+    for name in roles:
+        role: RoleConfig = getattr(config, name)
+        if not role.pool:
+            raise ConfigError(f"{name}.pool", "must name a resource pool (e.g. 'main')")
+        other = first_on_pool.setdefault(role.pool, name)
+        other_ranks = getattr(config, other).ranks
+        if role.ranks != other_ranks:
+            raise ConfigError(
+                f"{name}.pool", f"{name} ({role.ranks} ranks) is colocated with {other} ({other_ranks} ranks) on pool "
+                f"{role.pool!r}; colocated roles need the same ranks: set {name}.ranks={other_ranks}, or "
+                f"{name}.pool={name} to give it its own devices",
+            )
 
 
 def _check_rollout(config: LabConfig) -> None:

@@ -3,7 +3,7 @@
 from hybridflow_lab.telemetry.sinks import JsonlSink, read_jsonl
 from hybridflow_lab.telemetry.spans import CONTROLLER_RANK, Phase, Span, SpanRecorder
 from hybridflow_lab.telemetry.store import TelemetryStore, default_store
-from hybridflow_lab.telemetry.summary import span_table
+from hybridflow_lab.telemetry.summary import format_bytes, span_table
 
 __all__ = ["CONTROLLER_RANK", "JsonlSink", "Phase", "Span", "SpanRecorder", "TelemetryStore", "default_store",
-           "read_jsonl", "span_table"]
+           "format_bytes", "read_jsonl", "span_table"]

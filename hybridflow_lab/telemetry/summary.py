@@ -1,4 +1,4 @@
-"""Tables of spans for notebooks and terminals."""
+"""Tables of spans and byte counts for notebooks and terminals."""
 
 from __future__ import annotations
 
@@ -23,3 +23,12 @@ def span_table(spans: Iterable[Span]) -> Any:
         ],
         columns=["step", "group", "role", "name", "phase", "rank", "start_ms", "duration_ms", "bytes"],
     )
+
+
+def format_bytes(count: float) -> str:
+    """``512 B``, ``1.5 KB``, ``12.0 MB``: binary units, one decimal above bytes."""
+    for unit in ("B", "KB", "MB"):
+        if abs(count) < 1024:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} GB"

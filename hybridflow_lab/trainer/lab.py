@@ -34,6 +34,8 @@ from hybridflow_lab.trainer.dataflows import DATAFLOWS, ESTIMATOR_OF, check_algo
 from hybridflow_lab.trainer.metrics import accuracy, data_metrics, throughput
 from hybridflow_lab.trainer.presets import resolve_config
 from hybridflow_lab.trainer.run_log import MetricsLog
+from hybridflow_lab.trainer.samples import sample_rows
+from hybridflow_lab.trainer.stage_summary import StageMetrics, StageSummary
 from hybridflow_lab.trainer.stages import Stage
 from hybridflow_lab.trainer.task_setup import build_task
 from hybridflow_lab.workers import ActorWorker, CriticWorker, RewardModelWorker, rule_scores
@@ -42,14 +44,24 @@ from hybridflow_lab.workers.reward import token_level
 TRAINING_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 
 
+def trained_roles(config: LabConfig) -> tuple[str, ...]:
+    """The roles with their own ``RoleConfig`` (model, pool, ranks, engine) under ``config``'s algorithm."""
+    return ("actor", "critic") if uses_critic(config) else ("actor",)
+
+
+def check_config(config: LabConfig) -> None:
+    """Raise ``ConfigError`` for a setting that cannot work, before any worker starts."""
+    validate(config, roles=trained_roles(config))
+    check_algorithm(config)
+
+
 class Lab:
     """An RL run: config, task, worker groups and the state between steps."""
 
     def __init__(self, config: LabConfig | str | os.PathLike[str] | None = None, *, overrides: tuple[str, ...] = (),
                  name: str | None = None, start: bool = True, resume: bool = False) -> None:
         self.config = resolve_config(config, overrides)
-        validate(self.config, roles=("actor", "critic") if uses_critic(self.config) else ("actor",))
-        check_algorithm(self.config)
+        check_config(self.config)
         self.name = name or Path(self.config.trainer.run_dir).name
         self.run_dir = Path(self.config.trainer.run_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.actor.model_path, local_files_only=True)
@@ -60,7 +72,10 @@ class Lab:
         self.lagrange = LagrangeMultiplier(algorithm.lagrange_init, algorithm.lagrange_lr, algorithm.cost_limit)
         self.telemetry = TelemetryStore()
         self.step_index = 0
-        self.history: list[dict[str, float]] = []
+        self.history: list[dict[str, float]] = []  # each step's metrics, with its "step"
+        self.samples: list[dict[str, Any]] = []  # a few rows of each step's batch, with their "step"
+        self.last_batch: DataBatch | None = None
+        self._dashboard: Any = None
         self.groups: dict[str, WorkerGroup] = {}
         self._pools: list[ResourcePool] = []
         self._metrics: dict[str, float] = {}
@@ -82,21 +97,46 @@ class Lab:
         self._spans = JsonlSink(self.run_dir / "spans.jsonl").attach(self.telemetry)
         self.log = MetricsLog(self.run_dir, config.trainer.wandb_project if config.trainer.wandb else None,
                               to_dict(config))
-        pool = ResourcePool(config.actor.ranks, name=f"{self.name}.actor")
-        self._pools = [pool]
+        pools = self._build_pools()
         options = {"backend": config.backend, "telemetry": self.telemetry}
-        self.groups["actor"] = WorkerGroup(Role(ActorWorker, config), pool, name=f"{self.name}.actor", **options)
+        actor_pool = pools[config.actor.pool]
+        self.groups["actor"] = WorkerGroup(Role(ActorWorker, config), actor_pool, name=f"{self.name}.actor", **options)
         if uses_critic(config):
-            critic_pool = pool if config.critic.ranks == config.actor.ranks else ResourcePool(config.critic.ranks)
-            self._pools.append(critic_pool)
-            self.groups["critic"] = WorkerGroup(Role(CriticWorker, config), critic_pool, name=f"{self.name}.critic",
-                                                **options)
+            self.groups["critic"] = WorkerGroup(Role(CriticWorker, config), pools[config.critic.pool],
+                                                name=f"{self.name}.critic", **options)
         if config.reward_model_path:
             self.groups["reward_model"] = WorkerGroup(
-                Role(RewardModelWorker, config.reward_model_path, config.batch.micro_batch_sequences_per_rank), pool,
-                name=f"{self.name}.reward_model", **options)
+                Role(RewardModelWorker, config.reward_model_path, config.batch.micro_batch_sequences_per_rank),
+                actor_pool, name=f"{self.name}.reward_model", **options)
         if resume and checkpointing.latest(self.run_dir) is not None:
             self.load()
+        else:  # a fresh run in a used directory: earlier runs' metrics would mix into this one's
+            self.log.truncate_after(self.step_index)
+
+    @property
+    def trained_roles(self) -> tuple[str, ...]:
+        """The configured roles with their own ``RoleConfig`` (and pool): the actor, and the critic if used."""
+        return trained_roles(self.config)
+
+    def _build_pools(self) -> dict[str, ResourcePool]:
+        """One resource pool per pool name in the config, sized by the ranks of the roles placed on it."""
+        pools: dict[str, ResourcePool] = {}
+        for role in self.trained_roles:
+            settings = getattr(self.config, role)
+            if settings.pool not in pools:
+                pools[settings.pool] = ResourcePool(settings.ranks, name=f"{self.name}.{settings.pool}")
+        self._pools = list(pools.values())
+        return pools
+
+    def reconfigure(self, *overrides: str) -> LabConfig:
+        """Apply dotted overrides (placement, parallel sizes, ...) after validating them; running worker
+        groups restart with the new layout and reload the weights from ``actor.model_path``."""
+        config = resolve_config(self.config, overrides)
+        check_config(config)
+        self.config = config
+        if self.groups:
+            self.start()
+        return config
 
     def shutdown(self) -> None:
         """Stop the worker groups and close the logs (the Lab can be started again)."""
@@ -129,13 +169,20 @@ class Lab:
 
     # -------------------------------------------------------------------- stages
     @contextmanager
-    def _stage(self, stage: Stage) -> Iterator[dict[str, Any]]:
-        start = time.perf_counter()
+    def _stage(self, stage: Stage) -> Iterator[StageSummary]:
+        """Time a stage (``timing_s/<stage>``, a STAGE span) and collect its spans into a ``StageSummary``."""
+        summary = StageSummary(stage.value, self.step_index)
         self.telemetry.step = self.step_index  # stamps this stage's spans and its worker calls' spans
-        with self.telemetry.stage(stage.value) as attrs:
-            yield attrs
+        unsubscribe = self.telemetry.subscribe(summary.spans.extend)
+        start = time.perf_counter()
+        try:
+            with self.telemetry.stage(stage.value):
+                yield summary
+        finally:
+            unsubscribe()
+            summary.seconds = time.perf_counter() - start
         key = f"timing_s/{stage.value}"
-        self._metrics[key] = self._metrics.get(key, 0.0) + time.perf_counter() - start
+        self._metrics[key] = self._metrics.get(key, 0.0) + summary.seconds
 
     def _seed(self) -> int:
         """A fresh seed for each sampling call, derived from the run seed and the step: resumable."""
@@ -144,13 +191,13 @@ class Lab:
 
     def next_prompts(self, n: int | None = None) -> DataBatch:
         """The next ``rollout_batch_prompts`` prompts, left-padded, with ground truths and group ids (``uid``)."""
-        with self._stage(Stage.NEXT_PROMPTS):
+        with self._stage(Stage.NEXT_PROMPTS) as summary:
             examples = self.task.source.next_batch(n or self.config.batch.rollout_batch_prompts)
             batch = self._encode(examples)
             batch["data_source"] = [e.data_source for e in examples]
             batch["uid"] = np.arange(self._next_uid, self._next_uid + len(examples))
             self._next_uid += len(examples)
-        return batch
+            return summary.attach(batch)
 
     def _encode(self, examples: list[Example]) -> DataBatch:
         texts, truths = [e.prompt for e in examples], [e.answer for e in examples]
@@ -159,12 +206,12 @@ class Lab:
 
     def generate(self, prompts: DataBatch, greedy: bool = False, n: int | None = None) -> DataBatch:
         """Responses from the actor (``samples_per_prompt`` per prompt unless ``n``)."""
-        with self._stage(Stage.GENERATE):
-            return self.actor.generate_sequences(prompts, greedy=greedy, n=n, seed=self._seed())
+        with self._stage(Stage.GENERATE) as summary:
+            return summary.attach(self.actor.generate_sequences(prompts, greedy=greedy, n=n, seed=self._seed()))
 
     def reward(self, batch: DataBatch) -> DataBatch:
         """Sequence ``scores`` (the task's rule or the reward model), shaped, on the last token; ``costs`` if set."""
-        with self._stage(Stage.REWARD):
+        with self._stage(Stage.REWARD) as summary:
             if "reward_model" in self.groups:
                 scores = self.groups["reward_model"].compute_rm_score(batch.select(*TRAINING_COLUMNS))["scores"]
             else:
@@ -173,7 +220,7 @@ class Lab:
             columns = {"scores": scores, "token_level_scores": token_level(scores, batch["response_mask"])}
             if self.task.cost is not None:
                 columns["costs"] = rule_scores(batch, self.task.cost)["scores"]
-        return batch.union(DataBatch(columns))
+            return summary.attach(batch.union(DataBatch(columns)))
 
     @property
     def needs_old_log_probs(self) -> bool:
@@ -186,18 +233,18 @@ class Lab:
 
     def old_log_prob(self, batch: DataBatch) -> DataBatch:
         """``old_log_probs`` and ``entropy`` of the responses under the current policy."""
-        with self._stage(Stage.OLD_LOG_PROB):
-            return batch.union(self.actor.compute_log_prob(batch.select(*TRAINING_COLUMNS)))
+        with self._stage(Stage.OLD_LOG_PROB) as summary:
+            return summary.attach(batch.union(self.actor.compute_log_prob(batch.select(*TRAINING_COLUMNS))))
 
     def ref_log_prob(self, batch: DataBatch) -> DataBatch:
         """``ref_log_probs`` under the frozen reference policy."""
-        with self._stage(Stage.REF):
-            return batch.union(self.actor.compute_ref_log_prob(batch.select(*TRAINING_COLUMNS)))
+        with self._stage(Stage.REF) as summary:
+            return summary.attach(batch.union(self.actor.compute_ref_log_prob(batch.select(*TRAINING_COLUMNS))))
 
     def values(self, batch: DataBatch) -> DataBatch:
         """The critic's ``values`` per response token."""
-        with self._stage(Stage.VALUES):
-            return batch.union(self.critic.compute_values(batch.select(*TRAINING_COLUMNS)))
+        with self._stage(Stage.VALUES) as summary:
+            return summary.attach(batch.union(self.critic.compute_values(batch.select(*TRAINING_COLUMNS))))
 
     def advantages(self, batch: DataBatch, estimator: str | None = None, scores: str = "scores") -> DataBatch:
         """``advantages`` and ``returns`` with the algorithm's estimator (or ``estimator``) on ``scores``.
@@ -206,7 +253,7 @@ class Lab:
         rewards (``token_rewards``) and the KL controller is updated.
         """
         algorithm = self.config.algorithm
-        with self._stage(Stage.ADV):
+        with self._stage(Stage.ADV) as summary:
             mask = batch["response_mask"]
             token_rewards = token_level(batch[scores], mask)
             if algorithm.kl_in_reward and self.uses_reference:
@@ -221,27 +268,30 @@ class Lab:
                 baseline_scores=batch.get("baseline_scores"),
                 gamma=algorithm.gamma, lam=algorithm.lam,
             )
-        return batch.union(DataBatch({"advantages": advantages, "returns": returns, "token_rewards": token_rewards}))
+            columns = {"advantages": advantages, "returns": returns, "token_rewards": token_rewards}
+            return summary.attach(batch.union(DataBatch(columns)))
 
     def update_critic(self, batch: DataBatch) -> dict[str, float]:
         """One pass of critic updates over the step's sequences; returns the critic metrics."""
-        with self._stage(Stage.UPDATE_CRITIC):
+        with self._stage(Stage.UPDATE_CRITIC) as summary:
             columns = batch.select(*TRAINING_COLUMNS, "values", "returns")
-            metrics = self.critic.update_critic(columns, seed=self._seed()).meta["metrics"]
+            metrics = StageMetrics(self.critic.update_critic(columns, seed=self._seed()).meta["metrics"])
         self._metrics.update(metrics)
+        metrics.summary = summary
         return metrics
 
     def update_actor(self, batch: DataBatch) -> dict[str, float]:
         """PPO-style policy updates with the configured loss; returns the actor metrics."""
         algorithm = self.config.algorithm
         kl_loss = self.uses_reference and not algorithm.kl_in_reward
-        with self._stage(Stage.UPDATE_ACTOR):
+        with self._stage(Stage.UPDATE_ACTOR) as summary:
             keys = [k for k in ("old_log_probs", "ref_log_probs") if k in batch]
-            metrics = self.actor.update_actor(batch.select(*TRAINING_COLUMNS, "advantages", *keys),
-                                              policy_loss=get_policy_loss(algorithm.policy_loss),
-                                              kl_coef=self.kl.value if kl_loss else 0.0, seed=self._seed())
-            metrics = metrics.meta["metrics"]
+            result = self.actor.update_actor(batch.select(*TRAINING_COLUMNS, "advantages", *keys),
+                                             policy_loss=get_policy_loss(algorithm.policy_loss),
+                                             kl_coef=self.kl.value if kl_loss else 0.0, seed=self._seed())
+            metrics = StageMetrics(result.meta["metrics"])
         self._metrics.update(metrics)
+        metrics.summary = summary
         return metrics
 
     def record(self, metrics: dict[str, float]) -> None:
@@ -263,9 +313,12 @@ class Lab:
         trainer = self.config.trainer
         if trainer.eval_every and self.step_index % trainer.eval_every == 0:
             metrics.update(self.evaluate())
-        self.history.append(metrics)
+        self.history.append({"step": self.step_index, **metrics})
+        samples = [{"step": self.step_index, **row} for row in sample_rows(batch, trainer.logged_samples)]
+        self.samples.extend(samples)
         if self.log is not None:
             self.log.log(self.step_index, metrics)
+            self.log.log_samples(self.step_index, samples)
         if trainer.save_every and self.step_index % trainer.save_every == 0:
             self.save()
         return metrics
@@ -294,14 +347,31 @@ class Lab:
         return {"eval/accuracy": accuracy(scores), "eval/score": float(scores.mean())}
 
     def show(self, batch: DataBatch | None = None, rows: int = 8) -> Any:
-        """Prompts, responses, scores and advantages as a table."""
-        batch = batch if batch is not None else self.last_batch
-        wanted = [k for k in ("prompt_text", "response_text", "ground_truth", "scores", "costs") if k in batch]
-        frame = batch[:rows].select(*wanted).to_pandas()[wanted]
-        if "advantages" in batch:
-            mask = batch["response_mask"][:rows].float()
-            frame["advantage"] = ((batch["advantages"][:rows] * mask).sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
-        return frame
+        """Prompts, responses, scores and mean advantages as a table (default: the last step's batch)."""
+        import pandas as pd
+
+        if batch is None:
+            if self.last_batch is None:
+                raise RuntimeError("no step has run yet; pass a batch (e.g. lab.show(lab.generate(...)))")
+            batch = self.last_batch
+        return pd.DataFrame(sample_rows(batch, rows))
+
+    # ------------------------------------------------------------------ notebook
+    # The UI layer sits above the trainer; it is imported on use so that scripts never load widgets.
+    def dashboard(self, **options: Any) -> Any:
+        """A live dashboard of this Lab (``hybridflow_lab.ui.Dashboard``); replaces the previous one."""
+        from hybridflow_lab.ui import Dashboard
+
+        if self._dashboard is not None:
+            self._dashboard.close()
+        self._dashboard = Dashboard(self, **options)
+        return self._dashboard
+
+    def placement_board(self, **options: Any) -> Any:
+        """Widgets to place the models on device pools and set their parallel sizes (``ui.PlacementBoard``)."""
+        from hybridflow_lab.ui import PlacementBoard
+
+        return PlacementBoard(self, **options)
 
     # --------------------------------------------------------------- checkpoints
     def _trained_groups(self) -> dict[str, WorkerGroup]:

@@ -1,4 +1,4 @@
-"""Per-step metrics: always a JSONL file in the run directory, and wandb when enabled."""
+"""Per-step metrics and sample rows: always JSONL files in the run directory, and wandb when enabled."""
 
 from __future__ import annotations
 
@@ -9,25 +9,39 @@ from typing import Any
 
 
 class MetricsLog:
-    """Appends ``{"step": k, ...}`` lines to ``<run>/metrics.jsonl``; mirrors them to wandb if asked."""
+    """Appends ``{"step": k, ...}`` lines to ``<run>/metrics.jsonl`` and sample rows to ``<run>/samples.jsonl``;
+    mirrors both to wandb (metrics, and a ``samples`` table) if asked."""
 
     def __init__(self, run_dir: str | os.PathLike[str], wandb_project: str | None = None,
                  config: dict[str, Any] | None = None) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.samples_path = Path(run_dir) / "samples.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.wandb_run = start_wandb(wandb_project, Path(run_dir), config) if wandb_project else None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        with self.path.open("a") as handle:
-            handle.write(json.dumps({"step": step, **metrics}) + "\n")
+        _append(self.path, [{"step": step, **metrics}])
         if self.wandb_run is not None:
             self.wandb_run.log(metrics, step=step)
 
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Rows with their ``step`` (prompt, response, score, ...)."""
+        _append(self.samples_path, rows)
+        if self.wandb_run is not None and rows:
+            import wandb
+
+            columns = list(rows[0])
+            table = wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
+            self.wandb_run.log({"samples": table}, step=step)
+
     def truncate_after(self, step: int) -> None:
         """Drop lines of steps after ``step`` (resuming from a checkpoint replays them)."""
-        if self.path.is_file():
-            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+        for path in (self.path, self.samples_path):
+            if path.is_file():
+                kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
+                staged = path.with_suffix(".tmp")
+                staged.write_text("".join(line + "\n" for line in kept))
+                os.replace(staged, path)  # readers following the file see a new file, never a half-written one
 
     def read(self) -> list[dict[str, Any]]:
         if not self.path.is_file():
@@ -38,6 +52,11 @@ class MetricsLog:
         if self.wandb_run is not None:
             self.wandb_run.finish()
             self.wandb_run = None
+
+
+def _append(path: Path, records: list[dict[str, Any]]) -> None:
+    with path.open("a") as handle:
+        handle.write("".join(json.dumps(record) + "\n" for record in records))
 
 
 def start_wandb(project: str, run_dir: Path, config: dict[str, Any] | None) -> Any:

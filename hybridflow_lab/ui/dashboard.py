@@ -1,0 +1,124 @@
+"""``lab.dashboard()``: a live notebook view of a Lab (timeline, stage times, curves, samples).
+
+Spans arrive through a telemetry subscription (a list append on the training thread); a
+background thread redraws at most once per ``interval_s``, so the hot path never builds figures.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from hybridflow_lab.telemetry import Span
+from hybridflow_lab.ui import figures
+
+if TYPE_CHECKING:
+    from hybridflow_lab.trainer.lab import Lab
+
+
+def replace_figure(widget: go.FigureWidget, figure: go.Figure) -> None:
+    """Swap a FigureWidget's traces for ``figure``'s in one front-end update; the layout is updated only
+    where it differs (re-validating a whole layout with its template costs ~50 ms)."""
+    layout = figure.layout.to_plotly_json()
+    layout.pop("template", None)
+    with widget.batch_update():
+        widget.data = ()
+        widget.add_traces(list(figure.data))
+        if getattr(widget, "_drawn_layout", None) != layout:
+            widget.update_layout(layout)
+            widget._drawn_layout = layout
+
+
+class Dashboard:
+    """Widgets showing the Lab's per-worker timeline (last ``steps_shown`` steps), stage seconds per
+    step, training curves and a sample browser; they update while stages run."""
+
+    def __init__(self, lab: Lab, interval_s: float = 1.0, steps_shown: int = 3, max_spans: int = 50_000) -> None:
+        self.lab = lab
+        self.interval_s = interval_s
+        self.steps_shown = steps_shown
+        self.refreshes = 0
+        self.refresh_seconds = 0.0  # time spent redrawing, off the training thread
+        self.status = widgets.HTML()
+        self.timeline = go.FigureWidget()
+        self.stage_times = go.FigureWidget()
+        self.curves = go.FigureWidget()
+        self.sample_step = widgets.Dropdown(description="samples of step", style={"description_width": "initial"})
+        self.samples = widgets.HTML()
+        self.sample_step.observe(lambda _: self._show_samples(), names="value")
+        self.widget = widgets.VBox([self.status, self.timeline, self.stage_times, self.curves,
+                                    self.sample_step, self.samples])
+        self._spans: deque[Span] = deque(lab.telemetry.spans(), maxlen=max_spans)
+        self._span_count = len(self._spans)  # spans ever received (the deque forgets the oldest)
+        self._drawn_spans = self._drawn_steps = -1
+        self._lock = threading.Lock()
+        self._dirty = threading.Event()
+        self._closed = False
+        self._last_refresh = 0.0
+        self._unsubscribe = lab.telemetry.subscribe(self._on_spans)
+        self.refresh()
+        self._thread = threading.Thread(target=self._redraw_loop, name="hybridflow-dashboard", daemon=True)
+        self._thread.start()
+
+    def _on_spans(self, spans: list[Span]) -> None:
+        self._spans.extend(spans)
+        self._span_count += len(spans)
+        self._dirty.set()
+
+    def _redraw_loop(self) -> None:
+        while not self._closed:
+            self._dirty.wait()
+            time.sleep(max(0.0, self.interval_s - (time.monotonic() - self._last_refresh)))
+            if self._closed:
+                return
+            self._dirty.clear()
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Redraw the panels whose data changed: the timeline on new spans, the rest on a new step."""
+        with self._lock:
+            start = time.monotonic()
+            span_count, history = self._span_count, list(self.lab.history)
+            if span_count != self._drawn_spans:
+                replace_figure(self.timeline, figures.timeline(figures.recent_steps(list(self._spans),
+                                                                                    self.steps_shown)))
+                self._drawn_spans = span_count
+            if len(history) != self._drawn_steps or not self.refreshes:
+                replace_figure(self.stage_times, figures.stage_times(history))
+                replace_figure(self.curves, figures.curves(history))
+                self._update_sample_steps()
+                self._drawn_steps = len(history)
+            self.status.value = (f"<b>{self.lab.name}</b>: step {self.lab.step_index} · {span_count} spans · "
+                                 f"{len(history)} steps of metrics")
+            self.refreshes += 1
+            self._last_refresh = time.monotonic()
+            self.refresh_seconds += self._last_refresh - start
+
+    def _update_sample_steps(self) -> None:
+        """Offer every step with samples; keep the user's choice unless it was the newest step."""
+        chosen, options = self.sample_step.value, self.sample_step.options
+        following = chosen is None or chosen == max(options, default=None)
+        steps = sorted({row["step"] for row in self.lab.samples}, reverse=True)
+        self.sample_step.options = steps
+        if steps:
+            self.sample_step.value = steps[0] if following or chosen not in steps else chosen
+        self._show_samples()
+
+    def _show_samples(self) -> None:
+        rows = [row for row in self.lab.samples if row["step"] == self.sample_step.value]
+        self.samples.value = figures.samples_html(rows)
+
+    def close(self) -> None:
+        """Stop following the Lab and close the widgets."""
+        self._closed = True
+        self._unsubscribe()
+        self._dirty.set()
+        self.widget.close()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)

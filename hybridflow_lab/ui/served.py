@@ -1,0 +1,57 @@
+"""The run dashboard served by panel from a run directory's JSONL files (``hybridflow-lab dashboard``).
+
+It follows the files while a CLI run writes them, so any run (notebook, script, CLI) can be watched
+from a browser. In a notebook, ``dashboard_app(run_dir)`` displays inline (no CDN needed).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import panel as pn
+
+from hybridflow_lab.ui import figures
+from hybridflow_lab.ui.run_files import RunFiles
+
+
+def dashboard_app(run_dir: str | os.PathLike[str], period_ms: int = 1000, steps_shown: int = 3) -> pn.Column:
+    """A panel layout of the run's timeline, stage times, curves and latest samples, polling every ``period_ms``."""
+    pn.extension("plotly", inline=True)
+    run = RunFiles(run_dir)
+    status = pn.pane.Markdown(sizing_mode="stretch_width")
+    timeline = pn.pane.Plotly(sizing_mode="stretch_width")
+    stage_times = pn.pane.Plotly(sizing_mode="stretch_width")
+    curves = pn.pane.Plotly(sizing_mode="stretch_width")
+    samples = pn.pane.HTML(sizing_mode="stretch_width")
+
+    def update() -> None:
+        if not run.poll() and timeline.object is not None:
+            return
+        timeline.object = figures.timeline(figures.recent_steps(run.spans, steps_shown))
+        stage_times.object = figures.stage_times(run.metrics)
+        curves.object = figures.curves(run.metrics)
+        last_step = max((row["step"] for row in run.samples), default=None)
+        samples.object = figures.samples_html([row for row in run.samples if row["step"] == last_step])
+        status.object = (f"**{Path(run_dir).name}**: {len(run.metrics)} steps, {len(run.spans)} spans "
+                         f"(following `{run_dir}`)")
+
+    update()
+    if pn.state.curdoc is not None:  # a served session: keep following the files
+        pn.state.add_periodic_callback(update, period=period_ms)
+    return pn.Column(pn.pane.Markdown("## HybridFlow Lab run dashboard"), status, timeline, stage_times, curves,
+                     pn.pane.Markdown("### latest samples"), samples, sizing_mode="stretch_width")
+
+
+def serve(run_dir: str | os.PathLike[str], port: int = 5006, address: str = "127.0.0.1",
+          period_ms: int = 1000) -> None:
+    """Serve the dashboard of ``run_dir`` on ``address:port`` until interrupted."""
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"no run directory {run_dir}; pass the trainer.run_dir of a run")
+    origins = [f"{address}:{port}", f"localhost:{port}"]
+    print(f"[dashboard] http://{address}:{port}/ following {run_dir}", flush=True)
+    def session() -> pn.Column:  # one layout per browser session (panel needs a plain function here)
+        return dashboard_app(run_dir, period_ms)
+
+    pn.serve({"/": session}, address=address, port=port, show=False,
+             allow_websocket_origin=origins, title="HybridFlow Lab")

@@ -1,0 +1,194 @@
+"""The notebook UI: placement plans and board, the live dashboard, figures, run-file following, stage summaries."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hybridflow_lab.config import ConfigError
+from hybridflow_lab.models import create_model_dir
+from hybridflow_lab.placement import PlacementPlan, Suggestion
+from hybridflow_lab.telemetry import Phase, Span
+from hybridflow_lab.trainer.lab import Lab
+from hybridflow_lab.trainer.presets import resolve_config
+from hybridflow_lab.trainer.run_log import MetricsLog
+from hybridflow_lab.ui import figures
+from hybridflow_lab.ui.run_files import JsonlTail, RunFiles
+from tests.test_lab import local_overrides
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(create_model_dir(tmp_path_factory.mktemp("ui") / "m", "tiny", "qwen2", seed=11))
+
+
+def ppo_config(model_dir, *extra):
+    """The demo preset as PPO on Ray: update minibatch 64, micro-batch 32 per rank -> 1 or 2 ranks per role."""
+    return resolve_config("arithmetic_grpo", (f"actor.model_path={model_dir}", "algorithm.name=ppo", "critic.ranks=2",
+                                              "critic.engine.backend=torch", "actor.engine.backend=torch", *extra))
+
+
+def control(board, description):
+    """The board's widget with this description (a user's view of the board)."""
+    return next(c for c in board.controls.children if getattr(c, "description", "") == description)
+
+
+def test_a_plan_round_trips_through_config_overrides(model_dir):
+    config = ppo_config(model_dir)
+    plan = PlacementPlan.from_config(config)
+    assert plan.pools == {"main": 2} and plan.assignment == {"actor": "main", "critic": "main"}
+    assert plan.device_map() == [("main", ["actor", "critic"])] * 2
+    split = plan.with_changes(pools={"main": 2, "critic": 1}, assignment={"actor": "main", "critic": "critic"})
+    placed = split.apply(config)
+    assert (placed.critic.pool, placed.critic.ranks, placed.actor.ranks) == ("critic", 1, 2)
+    assert PlacementPlan.from_config(placed) == split
+    assert split.devices_needed() == 3 and split.device_map()[2] == ("critic", ["critic"])
+
+
+def test_only_valid_sizes_are_offered_and_invalid_plans_say_why(model_dir):
+    config = ppo_config(model_dir)
+    plan = PlacementPlan.from_config(config)
+    # 64 sequences per optimizer step in micro-batches of 32 per rank: 1 or 2 ranks work, 3..8 do not
+    assert plan.pool_size_choices(config, 8, "main") == [1, 2]
+    assert plan.tensor_parallel_choices(config, 8) == [1]  # the built-in engine generates with TP 1
+    too_many = plan.with_changes(pools={"main": 4})
+    assert "micro_batch_sequences_per_rank" in too_many.problem(config, 8)
+    assert "need 2 device slots" in plan.problem(config, 1)
+    assert plan.problem(config, 2) is None
+    with pytest.raises(ConfigError) as info:
+        too_many.apply(config)
+    assert info.value.key == "batch.micro_batch_sequences_per_rank"
+
+
+def test_the_board_offers_valid_choices_and_applies_to_a_lab_before_start(model_dir, tmp_path):
+    lab = Lab(ppo_config(model_dir, f"trainer.run_dir={tmp_path}"), start=False)
+    board = lab.placement_board(devices=4)
+    sizes = control(board, "pool main slots")
+    assert list(sizes.options) == [1, 2] and sizes.value == 2 and "valid: 2 of 4 slots" in board.status.value
+    critic_row = board.controls.children[1]
+    critic_row.children[1].value = "critic"  # the critic's pool menu: give it its own devices
+    assert board.plan.assignment["critic"] == "critic" and "slot 3" in board.grid.value
+    critic_sizes = control(board, "pool critic slots")
+    critic_sizes.value = 1
+    assert "valid: 3 of 4 slots" in board.status.value
+    board.apply_button.click()
+    assert (lab.config.critic.pool, lab.config.critic.ranks, lab.config.actor.ranks) == ("critic", 1, 2)
+    assert board.applied[-1] == board.plan.overrides() and not lab.groups  # not started: nothing to restart
+    board.set_plan(board.plan.with_changes(pools={"main": 2, "critic": 3}))
+    assert board.apply_button.disabled and "cannot run" in board.status.value
+    plan = PlacementPlan.from_config(lab.config).with_changes(pools={"main": 1, "critic": 1})
+    board.show_suggestions([Suggestion("one slot each", plan, 1.5)])
+    board.suggestions.children[0].click()
+    assert board.plan == plan and board.suggestions.children[0].description == "1. one slot each (~1.50 s)"
+
+
+def test_the_dashboard_follows_a_running_lab(model_dir, tmp_path):
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "algorithm.name=ppo"))
+    dashboard = lab.dashboard(interval_s=0.05, steps_shown=1)
+    lab.run(2)
+    deadline = time.monotonic() + 10
+    while dashboard._dirty.is_set() and time.monotonic() < deadline:  # the redraw thread catches up
+        time.sleep(0.05)
+    time.sleep(0.2)
+    rows = {row for trace in dashboard.timeline.data for row in trace.y}
+    assert rows == {"controller", "actor r0", "critic r0"}
+    steps_drawn = {s.step for s in figures.recent_steps(dashboard._spans, 1)}
+    assert steps_drawn == {1}  # the last step only
+    stacked = {trace.name: trace.y for trace in dashboard.stage_times.data}
+    assert stacked["update_critic"] == tuple(m["timing_s/update_critic"] for m in lab.history)
+    scores = next(t for t in dashboard.curves.data if t.name == "critic/score/mean")
+    assert list(scores.x) == [1, 2] and list(scores.y) == [m["critic/score/mean"] for m in lab.history]
+    assert dashboard.sample_step.options == (2, 1) and dashboard.sample_step.value == 2
+    assert lab.samples[-1]["prompt"] in dashboard.samples.value
+    dashboard.sample_step.value = 1  # browsing an older step
+    assert next(r for r in lab.samples if r["step"] == 1)["response"] in dashboard.samples.value
+    assert dashboard.refreshes >= 2 and dashboard.refresh_seconds > 0
+    replaced = lab.dashboard()  # a second dashboard replaces (and stops) the first
+    refreshes = dashboard.refreshes
+    lab.step()
+    time.sleep(0.3)
+    assert dashboard.refreshes == refreshes and replaced.refreshes >= 1
+    replaced.close()
+    lab.shutdown()
+
+
+def span(name, phase, start, end, step, group="", rank=-1, moved=0):
+    return Span(name, phase, start, end, group=group, rank=rank, step=step, bytes_moved=moved)
+
+
+def test_the_timeline_marks_transfers_with_their_bytes_and_keeps_the_newest_run():
+    spans = [span("generate", Phase.STAGE, 0, 1, 0),
+             span("generate_sequences", Phase.EXECUTE, 0.1, 0.9, 0, "l.actor", 1),
+             span("reshard", Phase.TRANSFER, 1.0, 1.2, 0, "l.actor", 1, moved=3 << 20),
+             span("dispatch", Phase.DISPATCH, 0, 0.1, 0)]
+    figure = figures.timeline(figures.recent_steps(spans, 3))
+    by_name = {trace.name: trace for trace in figure.data}
+    assert set(by_name) == {"generate", "generate_sequences", "reshard (transfer)"}  # dispatch is not drawn
+    assert by_name["reshard (transfer)"].text == ("3.0 MB",) and by_name["generate_sequences"].y == ("actor r1",)
+    assert by_name["generate_sequences"].base == (pytest.approx(0.1),)
+    rerun = [span("generate", Phase.STAGE, 100 + s, 101 + s, s) for s in range(3)]  # a new run reuses step numbers
+    assert [s.t_start for s in figures.recent_steps(spans + rerun, 2)] == [101, 102]
+
+
+def test_following_run_files_skips_torn_lines_and_restarts_when_a_run_rewrites_them(tmp_path):
+    log = MetricsLog(tmp_path)
+    tail = JsonlTail(log.path)
+    assert tail.read() == ([], False)  # no file yet
+    log.log(1, {"score": 0.5})
+    with log.path.open("a") as handle:
+        handle.write('{"step": 2, "sco')  # a writer caught mid-line
+    assert tail.read() == ([{"step": 1, "score": 0.5}], False)
+    with log.path.open("a") as handle:
+        handle.write('re": 0.7}\n')
+    assert tail.read() == ([{"step": 2, "score": 0.7}], False)
+    log.truncate_after(0)  # a fresh run in the same directory, which then writes a longer first line
+    log.log(1, {"score": 0.25, "accuracy": 0.125, "kl": 0.0})
+    assert tail.read() == ([{"step": 1, "score": 0.25, "accuracy": 0.125, "kl": 0.0}], True)
+
+
+def test_run_files_and_the_served_app_read_what_a_lab_writes(model_dir, tmp_path):
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run"))
+    lab.run(2)
+    lab.shutdown()
+    run = RunFiles(tmp_path / "run")
+    assert run.poll() and not run.poll()
+    assert [m["step"] for m in run.metrics] == [1, 2] and len(run.samples) == 16
+    assert {s.name for s in run.spans} >= {"generate", "update_actor", "generate_sequences"}
+    fresh = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run"))  # a new run, same dir
+    fresh.step()
+    fresh.shutdown()
+    assert run.poll() and [m["step"] for m in run.metrics] == [1] and {r["step"] for r in run.samples} == {1}
+
+    from hybridflow_lab.ui.served import dashboard_app
+
+    app = dashboard_app(tmp_path / "run")
+    panes = {type(p).__name__: p for p in app.objects}
+    timeline, stage_times, curves = [p.object for p in app.objects if type(p).__name__ == "Plotly"]
+    assert {trace.name for trace in timeline.data} >= {"generate", "generate_sequences"}
+    assert stage_times.data[0].x == (1,) and "critic/score/mean" in {t.name for t in curves.data}
+    assert "HTML" in panes and fresh.samples[0]["prompt"] in panes["HTML"].object
+
+
+@pytest.mark.slow
+def test_placement_applied_after_start_restarts_the_worker_groups(ray_cluster, model_dir, tmp_path):
+    lab = Lab(ppo_config(model_dir, f"trainer.run_dir={tmp_path}", "actor.ranks=1", "critic.ranks=1",
+                         "trainer.progress=false", "batch.rollout_batch_prompts=4",
+                         "batch.update_minibatch_sequences=32", "batch.micro_batch_sequences_per_rank=16"))
+    try:
+        board = lab.placement_board(devices=4)
+        sizes = control(board, "pool main slots")
+        assert list(sizes.options) == [1, 2]
+        sizes.value = 2
+        board.apply()
+        assert lab.actor.world_size == 2 and lab.critic.world_size == 2 and "restarted" in board.status.value
+        assert "critic/vf_loss" in lab.step()
+    finally:
+        lab.shutdown()
+
+
+def test_lab_reconfigure_rejects_a_bad_layout_and_keeps_the_config(model_dir, tmp_path):
+    lab = Lab(ppo_config(model_dir, f"trainer.run_dir={tmp_path}"), start=False)
+    with pytest.raises(ConfigError, match=r"critic\.pool"):
+        lab.reconfigure("critic.ranks=1")
+    assert lab.config.critic.ranks == 2
