@@ -198,5 +198,9 @@ def test_wandb_logs_offline_without_network(model_dir, tmp_path, monkeypatch):
     lab.shutdown()
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+    tables = list(runs[0].glob("files/media/table/samples_1_*.table.json"))  # the step's sample table
+    table = json.loads(tables[0].read_text())
+    assert table["columns"] == ["step", "prompt", "response", "ground_truth", "score", "advantage"]
+    assert len(table["data"]) == 8 and [row[1] for row in table["data"]] == [r["prompt"] for r in lab.samples]
     leaked = [p for p in (tmp_path / "run").rglob("*") if p.is_file() and b"x" * 40 in p.read_bytes()]
     assert not leaked
