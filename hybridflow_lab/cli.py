@@ -72,6 +72,7 @@ QUICK_BENCH = {
     "rollout": {"size": "tiny", "prompts": 8, "new_tokens": 8, "repeats": 1},
     "train": {"size": "tiny", "rows": 4, "response": 8, "steps": 1},
     "e2e": {"steps": 1, "warmup": 1},
+    "dashboard": {"blocks": 1, "steps_per_block": 1, "warmup": 0, "ranks": 1, "engine": "torch", "backend": "local"},
 }
 
 
@@ -139,8 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from hybridflow_lab.config import ConfigError
+
     args = build_parser().parse_args(argv)
-    args.run(args)
+    try:
+        args.run(args)
+    except (ConfigError, FileNotFoundError) as error:  # bad input: one line naming what to fix, no traceback
+        print(f"hybridflow-lab {args.command}: error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -70,3 +70,17 @@ def test_rl_demo_reports_accuracy_before_after_and_the_curve(tmp_path, task):
     assert list(summary["accuracy_every_50_steps"]) == ["50"]
     assert len((tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()) == 50
     assert (tmp_path / "grpo" / "checkpoints" / "step_000050").is_dir()
+
+
+def test_bench_dashboard_compares_steps_with_and_without_a_live_dashboard():
+    report = json.loads(run_cli("bench", "dashboard", "--quick"))
+    assert report["steps_each"] == 1 and report["redraws"] >= 1 and report["redraw_s_total"] > 0
+    assert report["overhead_fraction"] == pytest.approx(
+        report["step_s_median_with"] / report["step_s_median_without"] - 1, abs=2e-3)
+
+
+def test_dashboard_command_names_a_missing_run_directory(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "hybridflow_lab.cli", "dashboard", "--run", str(tmp_path / "nope")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"hybridflow-lab dashboard: error: no run directory {tmp_path / 'nope'}")

@@ -33,20 +33,25 @@ def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
     return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e9
 
 
+def standard_lab(tmp: str, ranks: int = 2, engine: str = "deepspeed", backend: str = "ray") -> Lab:
+    """A Lab running the standard workload, its model and run directory under ``tmp``."""
+    model = create_model_dir(f"{tmp}/model", "standard", "qwen2", seed=0)
+    return Lab("arithmetic_grpo", overrides=(
+        f"actor.model_path={model}", f"trainer.run_dir={tmp}/run", "trainer.progress=false",
+        f"backend={backend}", f"actor.ranks={ranks}", f"actor.engine.backend={engine}", "task.digits=3",
+        "task.eval_size=8",
+        "rollout.max_prompt_tokens=16", "rollout.pad_prompts=true", "rollout.max_new_tokens=64",
+        "rollout.ignore_eos=true", "batch.rollout_batch_prompts=16", "batch.samples_per_prompt=4",
+        "batch.update_minibatch_sequences=64", f"batch.micro_batch_sequences_per_rank={64 // ranks}",
+        "algorithm.kl_coef=0.04",
+    ))
+
+
 def run(steps: int = 8, warmup: int = 2, ranks: int = 2, engine: str = "deepspeed",
         backend: str = "ray") -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        model = create_model_dir(f"{tmp}/model", "standard", "qwen2", seed=0)
-        parameters = describe(load_causal_lm(model))["non_embedding_parameters"]
-        lab = Lab("arithmetic_grpo", overrides=(
-            f"actor.model_path={model}", f"trainer.run_dir={tmp}/run", "trainer.progress=false",
-            f"backend={backend}", f"actor.ranks={ranks}", f"actor.engine.backend={engine}", "task.digits=3",
-            "task.eval_size=8",
-            "rollout.max_prompt_tokens=16", "rollout.pad_prompts=true", "rollout.max_new_tokens=64",
-            "rollout.ignore_eos=true", "batch.rollout_batch_prompts=16", "batch.samples_per_prompt=4",
-            "batch.update_minibatch_sequences=64", f"batch.micro_batch_sequences_per_rank={64 // ranks}",
-            "algorithm.kl_coef=0.04",
-        ))
+        lab = standard_lab(tmp, ranks, engine, backend)
+        parameters = describe(load_causal_lm(lab.config.actor.model_path))["non_embedding_parameters"]
         try:
             history = [lab.step() for _ in range(warmup + steps)][warmup:]
         finally:
