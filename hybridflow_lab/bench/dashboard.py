@@ -13,7 +13,7 @@ from typing import Any
 from hybridflow_lab.bench.e2e import standard_lab
 
 
-def run(blocks: int = 3, steps_per_block: int = 4, warmup: int = 2, interval_s: float = 1.0,
+def run(blocks: int = 3, steps_per_block: int = 4, warmup: int = 2, interval_s: float = 2.0,
         ranks: int = 2, engine: str = "deepspeed", backend: str = "ray") -> dict[str, Any]:
     plain: list[float] = []
     watched: list[float] = []

@@ -38,7 +38,7 @@ class Dashboard:
     """Widgets showing the Lab's per-worker timeline (last ``steps_shown`` steps), stage seconds per
     step, training curves and a sample browser; they update while stages run."""
 
-    def __init__(self, lab: Lab, interval_s: float = 1.0, steps_shown: int = 3, max_spans: int = 50_000) -> None:
+    def __init__(self, lab: Lab, interval_s: float = 2.0, steps_shown: int = 3, max_spans: int = 50_000) -> None:
         self.lab = lab
         self.interval_s = interval_s
         self.steps_shown = steps_shown
