@@ -85,6 +85,19 @@ def test_every_algorithm_runs_a_step(model_dir, tmp_path, algorithm):
     lab.shutdown()
 
 
+@pytest.mark.parametrize("engine", ["deepspeed", "fsdp"])
+def test_the_local_backend_trains_with_the_sharded_engines(model_dir, tmp_path, engine):
+    overrides = [o for o in local_overrides(model_dir, tmp_path / "run") if not o.startswith("actor.engine")]
+    lab = Lab("arithmetic_grpo", overrides=(*overrides, f"actor.engine.backend={engine}"))  # in this process
+    try:
+        batch = lab.reward(lab.generate(lab.next_prompts()))
+        signs = torch.tensor([1.0, -1.0]).repeat(len(batch) // 2)[:, None]
+        batch["advantages"] = signs * batch["response_mask"]  # a random policy scores 0: make the gradient non-zero
+        assert lab.update_actor(batch)["actor/grad_norm"] > 0
+    finally:
+        lab.shutdown()
+
+
 def test_resume_reproduces_the_next_step_exactly(model_dir, tmp_path):
     straight = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "a"))
     straight.run(2)

@@ -120,6 +120,8 @@ class RankHost:
                 return False  # ranks run one after another: collectives would deadlock
             if not dist.is_initialized():
                 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
+                os.environ.setdefault(key, value)  # what launchers set and DeepSpeed reads
             return True
         assert master is not None
         addr, port = master
