@@ -35,7 +35,7 @@ from hybridflow_lab.trainer.metrics import accuracy, data_metrics, throughput
 from hybridflow_lab.trainer.presets import resolve_config
 from hybridflow_lab.trainer.run_log import MetricsLog
 from hybridflow_lab.trainer.samples import sample_rows
-from hybridflow_lab.trainer.stage_summary import StageMetrics, StageSummary
+from hybridflow_lab.trainer.stage_summary import StageSummary
 from hybridflow_lab.trainer.stages import Stage
 from hybridflow_lab.trainer.task_setup import build_task
 from hybridflow_lab.workers import ActorWorker, CriticWorker, RewardModelWorker, rule_scores
@@ -275,9 +275,8 @@ class Lab:
         """One pass of critic updates over the step's sequences; returns the critic metrics."""
         with self._stage(Stage.UPDATE_CRITIC) as summary:
             columns = batch.select(*TRAINING_COLUMNS, "values", "returns")
-            metrics = StageMetrics(self.critic.update_critic(columns, seed=self._seed()).meta["metrics"])
+            metrics = summary.attach_metrics(self.critic.update_critic(columns, seed=self._seed()).meta["metrics"])
         self._metrics.update(metrics)
-        metrics.summary = summary
         return metrics
 
     def update_actor(self, batch: DataBatch) -> dict[str, float]:
@@ -289,9 +288,8 @@ class Lab:
             result = self.actor.update_actor(batch.select(*TRAINING_COLUMNS, "advantages", *keys),
                                              policy_loss=get_policy_loss(algorithm.policy_loss),
                                              kl_coef=self.kl.value if kl_loss else 0.0, seed=self._seed())
-            metrics = StageMetrics(result.meta["metrics"])
+            metrics = summary.attach_metrics(result.meta["metrics"])
         self._metrics.update(metrics)
-        metrics.summary = summary
         return metrics
 
     def record(self, metrics: dict[str, float]) -> None:

@@ -49,6 +49,12 @@ class StageSummary:
         batch.summary = self
         return batch
 
+    def attach_metrics(self, metrics: dict[str, float]) -> StageMetrics:
+        """The metrics an update stage returns, displayed with this summary."""
+        result = StageMetrics(metrics)
+        result.summary = self
+        return result
+
     def headline(self) -> str:
         parts = [f"{self.stage} (step {self.step})", f"{self.seconds:.3f} s"]
         if self.rows:
