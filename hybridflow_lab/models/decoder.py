@@ -3,7 +3,8 @@
 Parameter names match ``transformers`` (``model.layers.0.self_attn.q_proj.weight``, ...), so HF
 checkpoints load with ``load_state_dict`` and our checkpoints load in ``transformers``. The
 model takes the HF config object itself. Generation passes a ``KVCache``; training passes an
-attention mask and gets per-position logits.
+attention mask and gets per-position logits. With a ``TensorParallel`` of size > 1 each rank
+holds its Megatron-style shard (``tensor_parallel.py``) and the forward runs the collectives.
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from hybridflow_lab.models.kv_cache import KVCache
+from hybridflow_lab.models.tensor_parallel import (
+    SINGLE,
+    TensorParallel,
+    VocabParallelEmbedding,
+    check_shardable,
+    copy_to_parallel,
+    gather_last_dim,
+    reduce_from_parallel,
+)
 
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
 
@@ -79,16 +89,17 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Attention(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.tp = tp
+        self.heads, self.kv_heads = config.num_attention_heads // tp.size, config.num_key_value_heads // tp.size
         self.head_dim = head_dim(config)
         qkv_bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
         out_bias = config.model_type != "qwen2" and getattr(config, "attention_bias", False)
         self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=qkv_bias)
         self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=out_bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=out_bias)  # row-parallel
 
     def forward(
         self,
@@ -100,6 +111,7 @@ class Attention(nn.Module):
         layer: int,
     ) -> torch.Tensor:
         batch, length, _ = x.shape
+        x = copy_to_parallel(x, self.tp)
         q = self.q_proj(x).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -113,7 +125,7 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=self.kv_heads != self.heads
             )
-        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        return reduce_from_parallel(self.o_proj(out.transpose(1, 2).reshape(batch, length, -1)), self.tp)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -134,22 +146,25 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 
 
 class MLP(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
+        self.tp = tp
         bias = getattr(config, "mlp_bias", False)
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        intermediate = config.intermediate_size // tp.size
+        self.gate_proj = nn.Linear(config.hidden_size, intermediate, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, config.hidden_size, bias=bias)  # row-parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        x = copy_to_parallel(x, self.tp)
+        return reduce_from_parallel(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)), self.tp)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.self_attn = Attention(config)
-        self.mlp = MLP(config)
+        self.self_attn = Attention(config, tp)
+        self.mlp = MLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -162,11 +177,13 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     """Embeddings, decoder layers and the final norm (HF's ``model.*``)."""
 
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         check_supported(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        check_shardable(config, tp.size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp) if tp.enabled \
+            else nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, tp) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config)
 
@@ -196,13 +213,14 @@ class Backbone(nn.Module):
 
 
 class DecoderLM(nn.Module):
-    """A causal language model: ``Backbone`` plus the ``lm_head``."""
+    """A causal language model: ``Backbone`` plus the ``lm_head`` (vocabulary-parallel under TP)."""
 
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.config = config
-        self.model = Backbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tp = tp
+        self.model = Backbone(config, tp)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size // tp.size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -216,7 +234,8 @@ class DecoderLM(nn.Module):
     ) -> torch.Tensor:
         """Logits ``[batch, length, vocab]``; only the last ``keep_last`` positions when it is > 0."""
         hidden = self.model(input_ids, attention_mask, position_ids, cache)
-        return self.lm_head(hidden[:, -keep_last:] if keep_last else hidden)
+        hidden = copy_to_parallel(hidden[:, -keep_last:] if keep_last else hidden, self.tp)
+        return gather_last_dim(self.lm_head(hidden), self.tp)
 
 
 def positions_from_mask(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:

@@ -14,11 +14,12 @@ from transformers import AutoConfig, LlamaConfig, PretrainedConfig, PreTrainedTo
 from hybridflow_lab.models.decoder import DecoderLM, check_supported, init_weights
 from hybridflow_lab.models.tokenizers import char_tokenizer
 
-# name -> (hidden, intermediate, layers, heads, kv heads); roughly 1M, 4M (the standard workload) and 11M
+# name -> (hidden, intermediate, layers, heads, kv heads); roughly 1M, 4M (the standard workload) and 11M.
+# "small" splits 1, 2 or 4 ways for tensor parallelism (8 heads, 4 KV heads, vocabulary 100).
 SIZES: dict[str, tuple[int, int, int, int, int]] = {
     "tiny": (128, 384, 4, 4, 2),
     "standard": (256, 1024, 4, 4, 2),
-    "small": (384, 1152, 6, 6, 2),
+    "small": (384, 1152, 6, 8, 4),
 }
 CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {"qwen2": Qwen2Config, "llama": LlamaConfig}
 WEIGHTS = "model.safetensors"

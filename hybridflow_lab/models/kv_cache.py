@@ -14,9 +14,9 @@ class KVCache:
     """
 
     def __init__(self, config: PretrainedConfig, batch: int, max_length: int, dtype: torch.dtype,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", tp_size: int = 1) -> None:
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        shape = (config.num_hidden_layers, batch, config.num_key_value_heads, max_length, dim)
+        shape = (config.num_hidden_layers, batch, config.num_key_value_heads // tp_size, max_length, dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.valid = torch.zeros(batch, max_length, dtype=torch.bool, device=device)
