@@ -31,3 +31,47 @@ class TensorParallelProbe(Worker):
         (logits.log_softmax(-1)[..., 3] * attention_mask).sum().backward()
         return {"tp_rank": tp.rank, "logits": logits.detach(),
                 "grads": {name: p.grad for name, p in model.named_parameters()}}
+
+
+class HybridEngineProbe(Worker):
+    """A TP-``t`` training model that reshards to TP ``tg`` (with any strategy) for greedy generation and
+    log-probs, then trains."""
+
+    def __init__(self, model_dir: str, t: int, tg: int) -> None:
+        from hybridflow_lab.hybrid import STRATEGIES, HybridLayout
+        from hybridflow_lab.hybrid.reshard import Resharder, process_groups
+
+        full = load_causal_lm(model_dir)
+        layout = HybridLayout(t=t, tg=tg, d=self.world_size // t)
+        groups = process_groups(self.device_mesh)
+        self.model = DecoderLM(full.config, TensorParallel(t, self.rank % t, groups.training_tp))
+        self.model.load_state_dict(shard_state_dict(full.state_dict(), self.model.tp))
+        self.resharders = {s: Resharder(self.model, layout, self.rank, groups, s) for s in STRATEGIES}
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def generate_and_score(self, strategy: str, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                           new_tokens: int) -> dict:
+        from hybridflow_lab.engines.forward import response_log_probs
+        from hybridflow_lab.engines.sampling import SamplingParams
+        from hybridflow_lab.engines.torch_rollout import generate, sequences_batch
+        from hybridflow_lab.protocol import DataBatch
+
+        resharder = self.resharders[strategy]
+        model, to_generation = resharder.to_generation()
+        out = generate(model, prompt_ids, prompt_mask, SamplingParams(new_tokens, greedy=True, ignore_eos=True),
+                       None, 0)
+        batch = DataBatch(sequences_batch(out, 0))
+        with torch.no_grad():
+            log_probs, _ = response_log_probs(model, batch)
+        to_training = resharder.to_training()
+        return {"responses": batch["responses"], "log_probs": log_probs, "to_generation": to_generation,
+                "to_training": to_training}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def update(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        """One SGD step on a fixed loss (the same on every rank, so data-parallel replicas stay equal)."""
+        logits = self.model(input_ids, attention_mask)
+        (logits.log_softmax(-1)[..., 3] * attention_mask).mean().neg().backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad()

@@ -53,6 +53,14 @@ class HybridLayout:
                  for replica in range(self.d) for micro in range(self.dg) for tp in range(self.tg)]
         return Mesh((("dp", self.d * self.dg), ("tp", self.tg)), ranks=tuple(order))
 
+    def regroup_mesh(self) -> Mesh:
+        """``micro_dp`` groups: ``dg`` consecutive ranks each."""
+        return Mesh.of(block=self.world_size // self.dg, micro_dp=self.dg)
+
+    def meshes(self) -> dict[str, Mesh]:
+        """The named meshes a worker group of the actor needs: ``train``, ``generate``, ``regroup``."""
+        return {"train": self.training_mesh(), "generate": self.generation_mesh(), "regroup": self.regroup_mesh()}
+
     def micro_dp_groups(self) -> list[list[int]]:
         """Consecutive ranks whose training shards make up one generation shard."""
         return [list(range(start, start + self.dg)) for start in range(0, self.world_size, self.dg)]
