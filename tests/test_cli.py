@@ -84,3 +84,13 @@ def test_dashboard_command_names_a_missing_run_directory(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith(f"hybridflow-lab dashboard: error: no run directory {tmp_path / 'nope'}")
+
+
+def test_bench_reshard_reports_bytes_equal_to_table_2():
+    report = json.loads(run_cli("bench", "reshard", "--quick"))
+    rows = {row["strategy"]: row for row in report["results"]}
+    assert set(rows) == {"hybridflow", "hybridflow_v", "ds_chat"}
+    assert all(row["bytes_per_rank"] == row["formula_bytes_per_rank"] > 0 for row in rows.values())
+    assert rows["hybridflow"]["redundant_param_bytes"] == 0 < rows["ds_chat"]["redundant_param_bytes"]
+    assert rows["hybridflow"]["peak_param_bytes_per_rank"] == report["model_param_bytes"]  # tg = 1: the full model
+    assert [(g["t"], g["tg"]) for g in report["goal"]] == [(2, 1)]
