@@ -88,9 +88,10 @@ def test_the_dashboard_follows_a_running_lab(model_dir, tmp_path):
     dashboard = lab.dashboard(interval_s=0.05, steps_shown=1)
     lab.run(2)
     deadline = time.monotonic() + 10
-    while dashboard._dirty.is_set() and time.monotonic() < deadline:  # the redraw thread catches up
+    while dashboard._drawn_steps < 2 and time.monotonic() < deadline:  # the redraw thread catches up
         time.sleep(0.05)
-    time.sleep(0.2)
+    with dashboard._lock:  # and finishes the redraw it is in
+        pass
     rows = {row for trace in dashboard.timeline.data for row in trace.y}
     assert rows == {"controller", "actor r0", "critic r0"}
     steps_drawn = {s.step for s in figures.recent_steps(dashboard._spans, 1)}

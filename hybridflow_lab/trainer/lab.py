@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,7 @@ class Lab:
         self.samples: list[dict[str, Any]] = []  # a few rows of each step's batch, with their "step"
         self.last_batch: DataBatch | None = None
         self._dashboard: Any = None
+        self._step_listeners: list[Callable[[dict[str, float]], None]] = []
         self.groups: dict[str, WorkerGroup] = {}
         self._pools: list[ResourcePool] = []
         self._metrics: dict[str, float] = {}
@@ -319,7 +320,19 @@ class Lab:
             self.log.log_samples(self.step_index, samples)
         if trainer.save_every and self.step_index % trainer.save_every == 0:
             self.save()
+        for listener in list(self._step_listeners):
+            listener(metrics)
         return metrics
+
+    def subscribe_steps(self, listener: Callable[[dict[str, float]], None]) -> Callable[[], None]:
+        """Call ``listener(metrics)`` after every step (history and samples updated); returns an unsubscribe."""
+        self._step_listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._step_listeners:
+                self._step_listeners.remove(listener)
+
+        return unsubscribe
 
     def run(self, steps: int | None = None) -> list[dict[str, float]]:
         """``steps`` iterations (default ``trainer.steps``) with a progress bar; returns their metrics."""

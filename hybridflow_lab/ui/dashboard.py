@@ -60,7 +60,8 @@ class Dashboard:
         self._dirty = threading.Event()
         self._closed = False
         self._last_refresh = 0.0
-        self._unsubscribe = lab.telemetry.subscribe(self._on_spans)
+        self._unsubscribe = [lab.telemetry.subscribe(self._on_spans),
+                             lab.subscribe_steps(lambda _: self._dirty.set())]  # a step's metrics come after its spans
         self.refresh()
         self._thread = threading.Thread(target=self._redraw_loop, name="hybridflow-dashboard", daemon=True)
         self._thread.start()
@@ -116,7 +117,8 @@ class Dashboard:
     def close(self) -> None:
         """Stop following the Lab and close the widgets."""
         self._closed = True
-        self._unsubscribe()
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
         self._dirty.set()
         self.widget.close()
 
