@@ -29,6 +29,8 @@ from hybridflow_lab.hybrid.layout import STRATEGIES, HybridLayout
 from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.models.tensor_parallel import TensorParallel, split_dim
 
+Gathered = tuple[int, Any]  # (bytes this rank receives, the pending collective or None)
+
 
 @dataclass(frozen=True)
 class TransitionStats:
@@ -117,9 +119,13 @@ class Resharder:
         if self.strategy == "ds_chat":
             self._partition_for_zero3()
         start = time.perf_counter()
-        received = 0
-        for name, param in self.sharded.items():
-            received += getattr(self, f"_gather_{self.strategy}")(name, param)
+        received, pending = 0, []
+        for name, param in self.sharded.items():  # collectives are queued back to back, then awaited
+            moved, work = getattr(self, f"_gather_{self.strategy}")(name, param)
+            received += moved
+            pending += [work] if work is not None else []
+        for work in pending:
+            work.wait()
         for name in self.sharded:
             self._set_generation_tensor(name, from_rows(self._generation_rows(name), name))
         stats = TransitionStats("to_generation", received, self._held_bytes(), self._redundant_bytes(),
@@ -138,34 +144,36 @@ class Resharder:
                                time.perf_counter() - start)
 
     # ------------------------------------------------------------------ strategies
-    def _gather_hybridflow(self, name: str, param: torch.nn.Parameter) -> int:
+    def _gather_hybridflow(self, name: str, param: torch.nn.Parameter) -> Gathered:
         shard = as_rows(param.data, name)
         dg, slot = self.layout.dg, self.rank % self.layout.dg
         buffer = torch.empty((dg * shard.shape[0], *shard.shape[1:]), dtype=shard.dtype)
-        slots = list(buffer.chunk(dg))
-        slots[slot].copy_(shard)
-        param.data = from_rows(slots[slot], name)  # the training shard now lives inside the buffer
-        if dg > 1:
-            dist.all_gather(slots, slots[slot].clone(), group=self.groups.micro_dp)
+        mine = buffer.chunk(dg)[slot]
+        mine.copy_(shard)
+        param.data = from_rows(mine, name)  # the training shard now lives inside the buffer
         self._buffers[name] = buffer
-        return (dg - 1) * shard.numel() * shard.element_size()
+        if dg == 1:
+            return 0, None
+        # this rank's input is its own slot of the output: gathering writes the other slots around it
+        work = dist.all_gather_single(buffer, mine, group=self.groups.micro_dp, async_op=True)
+        return (dg - 1) * shard.numel() * shard.element_size(), work
 
-    def _gather_hybridflow_v(self, name: str, param: torch.nn.Parameter) -> int:
+    def _gather_hybridflow_v(self, name: str, param: torch.nn.Parameter) -> Gathered:
         shard = as_rows(param.data, name).contiguous()
         t = self.layout.t
         buffer = torch.empty((t * shard.shape[0], *shard.shape[1:]), dtype=shard.dtype)
-        dist.all_gather(list(buffer.chunk(t)), shard, group=self.groups.training_tp)
         self._buffers[name] = buffer
-        return (t - 1) * shard.numel() * shard.element_size()
+        work = dist.all_gather_single(buffer, shard, group=self.groups.training_tp, async_op=True)
+        return (t - 1) * shard.numel() * shard.element_size(), work
 
-    def _gather_ds_chat(self, name: str, param: torch.nn.Parameter) -> int:
+    def _gather_ds_chat(self, name: str, param: torch.nn.Parameter) -> Gathered:
         partition = self._partitions[name]
         world = self.layout.world_size
         flat = torch.empty(world * partition.numel(), dtype=partition.dtype)
-        dist.all_gather(list(flat.chunk(world)), partition, group=self.groups.world)
         shape = self._full_shapes[name]
         self._buffers[name] = flat[: shape.numel()].view(shape)
-        return (world - 1) * partition.numel() * partition.element_size()
+        work = dist.all_gather_single(flat, partition, group=self.groups.world, async_op=True)
+        return (world - 1) * partition.numel() * partition.element_size(), work
 
     def _partition_for_zero3(self) -> None:
         """This rank's 1/world flat slice of every full weight: DeepSpeed-Chat's ZeRO-3 training state, emulated
@@ -173,7 +181,7 @@ class Resharder:
         self._full_shapes: dict[str, torch.Size] = {}
         world = self.layout.world_size
         for name, param in self.sharded.items():
-            self._gather_hybridflow_v(name, param)
+            self._gather_hybridflow_v(name, param)[1].wait()
             full = self._buffers.pop(name)
             self._full_shapes[name] = full.shape
             flat = full.flatten()
