@@ -96,7 +96,8 @@ class Resharder:
             self.generation_model = DecoderLM(train_model.config, tp)
         self._share_replicated()
         self._buffers: dict[str, torch.Tensor] = {}
-        self._partitions: dict[str, torch.Tensor] = {}
+        self._partitions: dict[str, torch.Tensor] = {}  # ds_chat's ZeRO-3 training state
+        self._full_shapes: dict[str, torch.Size] = {}
 
     def _share_replicated(self) -> None:
         for name, param in self.train_model.named_parameters():
@@ -178,7 +179,6 @@ class Resharder:
     def _partition_for_zero3(self) -> None:
         """This rank's 1/world flat slice of every full weight: DeepSpeed-Chat's ZeRO-3 training state, emulated
         from the current TP shards (one all-gather in the training TP group, not counted as the transition's)."""
-        self._full_shapes: dict[str, torch.Size] = {}
         world = self.layout.world_size
         for name, param in self.sharded.items():
             self._gather_hybridflow_v(name, param)[1].wait()
