@@ -6,8 +6,8 @@ import torch
 
 from hybridflow_lab.controller import Dispatch, Worker, register
 from hybridflow_lab.models import load_causal_lm
-from hybridflow_lab.models.decoder import DecoderLM
-from hybridflow_lab.models.tensor_parallel import TensorParallel, shard_state_dict
+from hybridflow_lab.models.decoder import shard_model
+from hybridflow_lab.models.tensor_parallel import TensorParallel
 
 
 class TensorParallelProbe(Worker):
@@ -25,8 +25,7 @@ class TensorParallelProbe(Worker):
     def forward_backward(self, mesh: str, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
         """Logits of the sharded model and the gradients of its shards for a fixed scalar loss."""
         tp = self.tensor_parallel(mesh)
-        model = DecoderLM(self.full.config, tp)
-        model.load_state_dict(shard_state_dict(self.full.state_dict(), tp))
+        model = shard_model(self.full, tp)
         logits = model(input_ids, attention_mask)
         (logits.log_softmax(-1)[..., 3] * attention_mask).sum().backward()
         return {"tp_rank": tp.rank, "logits": logits.detach(),
@@ -44,8 +43,7 @@ class HybridEngineProbe(Worker):
         full = load_causal_lm(model_dir)
         layout = HybridLayout(t=t, tg=tg, d=self.world_size // t)
         groups = process_groups(self.device_mesh)
-        self.model = DecoderLM(full.config, TensorParallel(t, self.rank % t, groups.training_tp))
-        self.model.load_state_dict(shard_state_dict(full.state_dict(), self.model.tp))
+        self.model = shard_model(full, TensorParallel(t, self.rank % t, groups.training_tp))
         self.resharders = {s: Resharder(self.model, layout, self.rank, groups, s) for s in STRATEGIES}
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
 

@@ -18,8 +18,8 @@ from hybridflow_lab.controller import Dispatch, ResourcePool, Role, Worker, Work
 from hybridflow_lab.hybrid import STRATEGIES, HybridLayout, formula_bytes_per_rank
 from hybridflow_lab.hybrid.reshard import Resharder, process_groups
 from hybridflow_lab.models import create_model_dir, load_causal_lm
-from hybridflow_lab.models.decoder import DecoderLM
-from hybridflow_lab.models.tensor_parallel import TensorParallel, shard_state_dict, split_dim
+from hybridflow_lab.models.decoder import shard_model
+from hybridflow_lab.models.tensor_parallel import TensorParallel, split_dim
 
 LAYOUTS = ((4, 2), (2, 1), (4, 4))
 
@@ -31,8 +31,7 @@ class ReshardBenchWorker(Worker):
         full = load_causal_lm(model_dir)
         layout = HybridLayout(t=t, tg=tg, d=self.world_size // t)
         groups = process_groups(self.device_mesh)
-        model = DecoderLM(full.config, TensorParallel(t, self.rank % t, groups.training_tp))
-        model.load_state_dict(shard_state_dict(full.state_dict(), model.tp))
+        model = shard_model(full, TensorParallel(t, self.rank % t, groups.training_tp))
         del full
         self.resharders = {s: Resharder(model, layout, self.rank, groups, s) for s in STRATEGIES}
 

@@ -135,3 +135,10 @@ class LabConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def pool_slots(self, roles: tuple[str, ...]) -> dict[str, int]:
+        """Each pool named by ``roles``, sized by the ranks of the first role placed on it."""
+        slots: dict[str, int] = {}
+        for role in roles:
+            slots.setdefault(getattr(self, role).pool, getattr(self, role).ranks)
+        return slots

@@ -63,7 +63,7 @@ class HybridLayout:
 
     def micro_dp_groups(self) -> list[list[int]]:
         """Consecutive ranks whose training shards make up one generation shard."""
-        return [list(range(start, start + self.dg)) for start in range(0, self.world_size, self.dg)]
+        return self.regroup_mesh().groups("micro_dp")
 
     def generation_tp_groups(self) -> list[list[int]]:
         return self.generation_mesh().groups("tp")

@@ -197,20 +197,19 @@ class Resharder:
         return buffer
 
     # ------------------------------------------------------------------ accounting
-    def _buffer_ptrs(self) -> set[int]:
-        return {b.untyped_storage().data_ptr() for b in self._buffers.values()}
+    def _training_state(self) -> list[torch.Tensor]:
+        """The tensors holding this rank's training copy of the sharded weights."""
+        if self.strategy == "ds_chat":
+            return list(self._partitions.values())
+        return [p.data for p in self.sharded.values()]
 
     def _held_bytes(self) -> int:
         """Parameter bytes this rank holds for the sharded weights (training state + gathered buffers)."""
-        training = list(self._partitions.values()) if self.strategy == "ds_chat" else \
-            [p.data for p in self.sharded.values()]
-        return param_bytes([*training, *self._buffers.values()])
+        return param_bytes([*self._training_state(), *self._buffers.values()])
 
     def _redundant_bytes(self) -> int:
         """Bytes of the training state held a second time beside a gathered copy that contains them."""
-        if not self._buffers:
+        gathered = {b.untyped_storage().data_ptr() for b in self._buffers.values()}
+        if not gathered:
             return 0
-        training = list(self._partitions.values()) if self.strategy == "ds_chat" else \
-            [p.data for p in self.sharded.values()]
-        ptrs = self._buffer_ptrs()
-        return param_bytes([t for t in training if t.untyped_storage().data_ptr() not in ptrs])
+        return param_bytes([t for t in self._training_state() if t.untyped_storage().data_ptr() not in gathered])

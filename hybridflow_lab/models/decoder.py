@@ -26,6 +26,7 @@ from hybridflow_lab.models.tensor_parallel import (
     copy_to_parallel,
     gather_last_dim,
     reduce_from_parallel,
+    shard_state_dict,
 )
 
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
@@ -236,6 +237,13 @@ class DecoderLM(nn.Module):
         hidden = self.model(input_ids, attention_mask, position_ids, cache)
         hidden = copy_to_parallel(hidden[:, -keep_last:] if keep_last else hidden, self.tp)
         return gather_last_dim(self.lm_head(hidden), self.tp)
+
+
+def shard_model(full: DecoderLM, tp: TensorParallel) -> DecoderLM:
+    """This rank's tensor-parallel shard of ``full``: a new model holding copies of its slices."""
+    model = DecoderLM(full.config, tp)
+    model.load_state_dict(shard_state_dict(full.state_dict(), tp))
+    return model
 
 
 def positions_from_mask(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:

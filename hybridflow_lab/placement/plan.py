@@ -37,10 +37,7 @@ class PlacementPlan:
     @classmethod
     def from_config(cls, config: LabConfig) -> PlacementPlan:
         roles = trained_roles(config)
-        pools: dict[str, int] = {}
-        for role in roles:
-            pools.setdefault(getattr(config, role).pool, getattr(config, role).ranks)
-        return cls(pools=pools, assignment={role: getattr(config, role).pool for role in roles},
+        return cls(pools=config.pool_slots(roles), assignment={role: getattr(config, role).pool for role in roles},
                    rollout_tensor_parallel=config.rollout.tensor_parallel,
                    engines={role: getattr(config, role).engine.backend for role in roles},
                    zero_stages={role: getattr(config, role).engine.zero_stage for role in roles})

@@ -121,11 +121,8 @@ class Lab:
 
     def _build_pools(self) -> dict[str, ResourcePool]:
         """One resource pool per pool name in the config, sized by the ranks of the roles placed on it."""
-        pools: dict[str, ResourcePool] = {}
-        for role in self.trained_roles:
-            settings = getattr(self.config, role)
-            if settings.pool not in pools:
-                pools[settings.pool] = ResourcePool(settings.ranks, name=f"{self.name}.{settings.pool}")
+        pools = {pool: ResourcePool(slots, name=f"{self.name}.{pool}")
+                 for pool, slots in self.config.pool_slots(self.trained_roles).items()}
         self._pools = list(pools.values())
         return pools
 

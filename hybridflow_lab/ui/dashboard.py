@@ -89,7 +89,7 @@ class Dashboard:
                 replace_figure(self.timeline, figures.timeline(figures.recent_steps(list(self._spans),
                                                                                     self.steps_shown)))
                 self._drawn_spans = span_count
-            if len(history) != self._drawn_steps or not self.refreshes:
+            if len(history) != self._drawn_steps:
                 replace_figure(self.stage_times, figures.stage_times(history))
                 replace_figure(self.curves, figures.curves(history))
                 self._update_sample_steps()
