@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -32,6 +30,10 @@ def lab_config(model_dir: str, backend: str = "ray", engine: str = "deepspeed", 
                      rollout=RolloutConfig(max_prompt_tokens=8, max_new_tokens=6),
                      batch=BatchConfig(rollout_batch_prompts=4, samples_per_prompt=2, update_minibatch_sequences=8,
                                        micro_batch_sequences_per_rank=2))
+
+
+def actor_group(config: LabConfig, *args, **kwargs) -> WorkerGroup:
+    return WorkerGroup(Role(ActorWorker, config), *args, meshes=ActorWorker.meshes(config), **kwargs)
 
 
 def prompts(ground_truths=None) -> DataBatch:
@@ -65,7 +67,7 @@ def check_actor_round(actor: WorkerGroup) -> None:
 @pytest.mark.parametrize(("engine", "stage"), [("deepspeed", 2), ("fsdp", 0)])
 def test_actor_on_two_ranks(ray_cluster, model_dir, engine, stage):
     config = lab_config(model_dir, engine=engine, stage=stage)
-    actor = WorkerGroup(Role(ActorWorker, config), ResourcePool(2), name=f"actor-{engine}")
+    actor = actor_group(config, ResourcePool(2), name=f"actor-{engine}")
     try:
         check_actor_round(actor)
     finally:
@@ -73,14 +75,14 @@ def test_actor_on_two_ranks(ray_cluster, model_dir, engine, stage):
 
 
 def test_actor_on_the_local_backend(model_dir):
-    actor = WorkerGroup(Role(ActorWorker, lab_config(model_dir, "local", "torch", ranks=1)), backend="local")
+    actor = actor_group(lab_config(model_dir, "local", "torch", ranks=1), backend="local")
     check_actor_round(actor)
     actor.shutdown()
 
 
 def test_one_step_update_without_old_log_probs_matches_the_recomputed_ones(model_dir):
     config = lab_config(model_dir, "local", "torch", ranks=1)  # 8 sequences, 8 per optimizer step
-    with_pass, without = (WorkerGroup(Role(ActorWorker, config), backend="local") for _ in range(2))
+    with_pass, without = (actor_group(config, backend="local") for _ in range(2))
     rollout = with_pass.generate_sequences(prompts(), seed=3)
     advantages = DataBatch({"advantages": torch.linspace(-1, 1, 8)[:, None] * rollout["response_mask"]})
     recomputed = with_pass.update_actor(rollout.union(with_pass.compute_log_prob(rollout).select("old_log_probs"))
@@ -96,7 +98,7 @@ def test_one_step_update_without_old_log_probs_matches_the_recomputed_ones(model
 
 
 def test_actor_checkpoint_restores_the_policy(model_dir, tmp_path):
-    actor = WorkerGroup(Role(ActorWorker, lab_config(model_dir, "local", "torch", ranks=1)), backend="local")
+    actor = actor_group(lab_config(model_dir, "local", "torch", ranks=1), backend="local")
     rollout = actor.generate_sequences(prompts())
     actor.save_checkpoint(str(tmp_path / "ckpt"))
     saved = actor.compute_log_prob(rollout)["old_log_probs"]
@@ -110,7 +112,7 @@ def test_actor_checkpoint_restores_the_policy(model_dir, tmp_path):
 
 def test_critic_values_move_towards_returns(model_dir):
     config = lab_config(model_dir, "local", "torch", ranks=1, lr=1e-3)
-    actor = WorkerGroup(Role(ActorWorker, config), backend="local")
+    actor = actor_group(config, backend="local")
     critic = WorkerGroup(Role(CriticWorker, config), backend="local")
     rollout = actor.generate_sequences(prompts())
     values = critic.compute_values(rollout)["values"]
@@ -128,7 +130,7 @@ def test_reward_model_scores_the_last_token(model_dir, tmp_path):
     scorer = load_scalar_model(model_dir)
     torch.nn.init.normal_(scorer.score.weight, std=0.5)
     rm_dir = str(save_model_dir(scorer, tmp_path / "rm"))
-    actor = WorkerGroup(Role(ActorWorker, lab_config(model_dir, "local", "torch", ranks=1)), backend="local")
+    actor = actor_group(lab_config(model_dir, "local", "torch", ranks=1), backend="local")
     rollout = actor.generate_sequences(prompts())
     reward = WorkerGroup(Role(RewardModelWorker, rm_dir, micro_batch=3), backend="local")
     out = reward.compute_rm_score(rollout)
@@ -156,8 +158,7 @@ def test_encode_prompts_names_the_row_that_is_too_long():
 
 
 def test_rollout_layout_is_what_training_reads(model_dir):
-    actor = WorkerGroup(Role(ActorWorker, dataclasses.replace(lab_config(model_dir, "local", "torch", ranks=1))),
-                        backend="local")
+    actor = actor_group(lab_config(model_dir, "local", "torch", ranks=1), backend="local")
     out = actor.generate_sequences(prompts())
     assert torch.equal(out["input_ids"][:, -6:], out["responses"])
     assert torch.equal(out["attention_mask"][:, -6:], out["response_mask"])

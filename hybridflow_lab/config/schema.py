@@ -9,9 +9,15 @@ from hybridflow_lab.engines.train_base import OptimConfig
 
 @dataclass
 class EngineConfig:
-    """How a trained role shards its model: ``torch`` (DDP), ``deepspeed`` (ZeRO) or ``fsdp`` (FSDP2)."""
+    """How a trained role shards its model: ``torch`` (DDP), ``deepspeed`` (ZeRO) or ``fsdp`` (FSDP2).
+
+    ``tensor_parallel`` (the actor's training TP, the paper's t) splits every layer over that many
+    consecutive ranks, with the torch engine's DDP over the rest; ZeRO and FSDP shard over data
+    parallel instead.
+    """
 
     backend: str = "deepspeed"
+    tensor_parallel: int = 1
     zero_stage: int = 2
     offload: bool = False
     bf16: bool = False
@@ -44,7 +50,8 @@ class RolloutConfig:
     top_k: int = 0
     ignore_eos: bool = False  # always generate max_new_tokens (benchmarks)
     pad_prompts: bool = False  # left-pad every prompt to max_prompt_tokens (fixed shapes, benchmarks)
-    tensor_parallel: int = 1  # generation TP size (the paper's tg)
+    tensor_parallel: int = 1  # generation TP size (the paper's tg); divides actor.engine.tensor_parallel
+    reshard: str = "hybridflow"  # training -> generation transition: hybridflow | hybridflow_v | ds_chat
     gpu_memory_utilization: float = 0.5  # vllm only
 
 

@@ -9,7 +9,9 @@ from transformers import PretrainedConfig
 from hybridflow_lab.config.loading import ConfigError
 from hybridflow_lab.config.schema import LabConfig, RoleConfig
 from hybridflow_lab.engines import TRAIN_BACKENDS
+from hybridflow_lab.hybrid.layout import STRATEGIES
 from hybridflow_lab.models.factory import load_config
+from hybridflow_lab.models.tensor_parallel import check_shardable
 
 ROLLOUT_ENGINES = ("torch", "vllm")
 
@@ -57,21 +59,40 @@ def _check_role(config: LabConfig, name: str, role: RoleConfig) -> None:
         raise ConfigError(f"{name}.engine.backend", f"{role.engine.backend!r} is not one of {TRAIN_BACKENDS}")
     if role.engine.zero_stage not in (1, 2, 3):
         raise ConfigError(f"{name}.engine.zero_stage", f"must be 1, 2 or 3, got {role.engine.zero_stage}")
-    if batch.update_minibatch_sequences % role.ranks:
+    dp = _data_parallel(name, role)
+    if batch.update_minibatch_sequences % dp:
         raise ConfigError(
             "batch.update_minibatch_sequences",
-            f"{batch.update_minibatch_sequences} is not divisible by the {role.ranks} data-parallel ranks of the "
-            f"{name} ({name}.ranks); use a multiple of {role.ranks}",
+            f"{batch.update_minibatch_sequences} is not divisible by the {dp} data-parallel ranks of the "
+            f"{name} ({name}.ranks / {name}.engine.tensor_parallel); use a multiple of {dp}",
         )
-    per_rank = batch.update_minibatch_sequences // role.ranks
+    per_rank = batch.update_minibatch_sequences // dp
     if per_rank % batch.micro_batch_sequences_per_rank:
         raise ConfigError(
             "batch.micro_batch_sequences_per_rank",
             f"{batch.micro_batch_sequences_per_rank} does not divide the {per_rank} sequences each {name} rank gets "
-            f"per optimizer step (update_minibatch_sequences {batch.update_minibatch_sequences} / {role.ranks} "
-            f"ranks); use one of {divisors(per_rank)}",
+            f"per optimizer step (update_minibatch_sequences {batch.update_minibatch_sequences} / {dp} "
+            f"data-parallel ranks); use one of {divisors(per_rank)}",
         )
     _model(role.model_path or config.actor.model_path, f"{name}.model_path")
+
+
+def _data_parallel(name: str, role: RoleConfig) -> int:
+    """The role's data-parallel size: its ranks over its training tensor-parallel size."""
+    tp = role.engine.tensor_parallel
+    if tp < 1:
+        raise ConfigError(f"{name}.engine.tensor_parallel", f"must be >= 1, got {tp}")
+    if tp > 1 and name != "actor":
+        raise ConfigError(f"{name}.engine.tensor_parallel", "only the actor trains tensor-parallel (the hybrid "
+                          "engine reshards it for generation); use 1")
+    if tp > 1 and role.engine.backend != "torch":
+        raise ConfigError(f"{name}.engine.tensor_parallel", f"the {role.engine.backend} engine shards over data "
+                          f"parallel instead of tensor parallel; set {name}.engine.backend=torch to train with TP "
+                          f"{tp} (DDP over the rest), or {name}.engine.tensor_parallel=1")
+    if role.ranks % tp:
+        raise ConfigError(f"{name}.engine.tensor_parallel", f"{tp} does not divide the {role.ranks} ranks of the "
+                          f"{name} ({name}.ranks); use one of {divisors(role.ranks)}")
+    return role.ranks // tp
 
 
 def _check_pools(config: LabConfig, roles: tuple[str, ...]) -> None:
@@ -98,25 +119,26 @@ def _check_rollout(config: LabConfig) -> None:
     for key in ("max_prompt_tokens", "max_new_tokens", "tensor_parallel"):
         if getattr(rollout, key) < 1:
             raise ConfigError(f"rollout.{key}", f"must be >= 1, got {getattr(rollout, key)}")
-    tp = rollout.tensor_parallel
+    if rollout.reshard not in STRATEGIES:
+        raise ConfigError("rollout.reshard", f"{rollout.reshard!r} is not one of {STRATEGIES}")
     model = _model(config.actor.model_path, "actor.model_path")
-    heads, kv_heads = model.num_attention_heads, model.num_key_value_heads
-    if heads % tp or kv_heads % tp:
-        usable = [d for d in divisors(kv_heads) if heads % d == 0]
-        raise ConfigError("rollout.tensor_parallel", f"{tp} does not divide the model's {heads} attention heads and "
-                          f"{kv_heads} key/value heads; use one of {usable}")
-    if config.actor.ranks % tp:
-        raise ConfigError("rollout.tensor_parallel", f"{tp} does not divide the actor's {config.actor.ranks} ranks "
-                          f"(actor.ranks); use one of {divisors(config.actor.ranks)}")
-    if rollout.engine == "vllm" and tp > 1:
-        raise ConfigError("rollout.tensor_parallel", "vLLM runs inside each actor rank with tensor_parallel=1 "
-                          "(tensor-parallel vLLM across ranks comes with the hybrid engine); use 1")
-    if rollout.engine == "torch" and tp > 1:
-        raise ConfigError("rollout.tensor_parallel", "the built-in torch engine generates with tensor_parallel=1 "
-                          "(tensor-parallel generation comes with the hybrid engine); use 1, or rollout.engine=vllm")
+    t, tg = config.actor.engine.tensor_parallel, rollout.tensor_parallel
+    _check_shardable(model, "actor.engine.tensor_parallel", t)
+    _check_shardable(model, "rollout.tensor_parallel", tg)
+    if t % tg:
+        raise ConfigError("rollout.tensor_parallel", f"generation TP {tg} must divide the actor's training TP {t} "
+                          f"(actor.engine.tensor_parallel), so each generation shard is whole training shards; use "
+                          f"one of {divisors(t)}, or raise actor.engine.tensor_parallel")
     if rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.engine", "vllm is not installed; install the GPU extra (pip install -e '.[gpu]') "
                           "on a CUDA machine, or use rollout.engine=torch")
+
+
+def _check_shardable(model: PretrainedConfig, key: str, size: int) -> None:
+    try:
+        check_shardable(model, size)
+    except ValueError as exc:
+        raise ConfigError(key, str(exc)) from None
 
 
 def _model(path: str, key: str) -> PretrainedConfig:

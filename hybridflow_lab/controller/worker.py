@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hybridflow_lab.controller.mesh import Mesh
-from hybridflow_lab.telemetry import SpanRecorder
+from hybridflow_lab.telemetry import Phase, SpanRecorder
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -89,9 +89,13 @@ class Worker:
             )
         return self._context.device_meshes[name]
 
-    def span(self, name: str, bytes_moved: int = 0, **attrs: Any) -> AbstractContextManager[dict[str, Any]]:
-        """Record a telemetry span around a block of this method (sent back with the call's result)."""
-        return self._context.recorder.span(name, bytes_moved, **attrs)
+    def span(self, name: str, bytes_moved: int = 0, phase: Phase = Phase.WORKER,
+             **attrs: Any) -> AbstractContextManager[dict[str, Any]]:
+        """Record a telemetry span around a block of this method (sent back with the call's result).
+
+        ``phase=Phase.TRANSFER`` marks data moving between layouts (drawn hatched on the timeline).
+        """
+        return self._context.recorder.span(name, bytes_moved, phase, **attrs)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(role={self.role!r}, rank={self.rank}/{self.world_size})"

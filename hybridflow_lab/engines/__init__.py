@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+import torch.distributed as dist
 from torch import nn
 
 from hybridflow_lab.engines.sampling import SamplingParams
 from hybridflow_lab.engines.train_base import OptimConfig, TrainEngine
+from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
 
 TRAIN_BACKENDS = ("torch", "deepspeed", "fsdp")
 
 
 def build_train_engine(backend: str, model: nn.Module, optim: OptimConfig, *, zero_stage: int = 2,
                        micro_batch_size: int = 1, micro_batches_per_step: int = 1, offload: bool = False,
-                       bf16: bool = False) -> TrainEngine:
-    """The training engine named ``backend`` around ``model`` (collective when several ranks run it)."""
+                       bf16: bool = False, dp_group: dist.ProcessGroup | None = None,
+                       tp: TensorParallel = SINGLE) -> TrainEngine:
+    """The training engine named ``backend`` around ``model`` (collective when several ranks run it).
+
+    ``model`` is this rank's ``tp`` shard; ``dp_group`` (default: all ranks) averages its gradients.
+    Only the torch engine trains tensor-parallel shards: ZeRO and FSDP shard over data parallel instead.
+    """
+    if tp.enabled and backend != "torch":
+        raise ValueError(f"the {backend} engine shards over data parallel instead of tensor parallel; train "
+                         "tensor-parallel shards with the torch engine")
     if backend == "torch":
         from hybridflow_lab.engines.torch_engine import TorchEngine
 
-        return TorchEngine(model, optim)
+        return TorchEngine(model, optim, dp_group, tp)
     if backend == "deepspeed":
         from hybridflow_lab.engines.deepspeed_engine import DeepSpeedEngine
 

@@ -1,6 +1,8 @@
 """The plain-torch engine: one process, or DistributedDataParallel over a process group.
 
 It is the reference the sharded engines are tested against, and the engine of the local backend.
+Under tensor parallelism the model is this rank's TP shard and DDP runs over the data-parallel
+group of ranks holding the same shard (Megatron's TP x DP).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hybridflow_lab.engines.train_base import OptimConfig, TorchOptimizerEngine
 from hybridflow_lab.models.factory import load_weights, save_model_dir
+from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, gather_state_dict
 
 
 class TorchEngine(TorchOptimizerEngine):
@@ -24,8 +27,9 @@ class TorchEngine(TorchOptimizerEngine):
 
     name = "torch"
 
-    def __init__(self, model: nn.Module, optim: OptimConfig, group: dist.ProcessGroup | None = None) -> None:
-        super().__init__(model.parameters(), optim, group)
+    def __init__(self, model: nn.Module, optim: OptimConfig, group: dist.ProcessGroup | None = None,
+                 tp: TensorParallel = SINGLE) -> None:
+        super().__init__(model.parameters(), optim, group, tp)
         self._model = model
         self.module = DistributedDataParallel(model, process_group=group) if self.dp_size > 1 else model
 
@@ -42,22 +46,29 @@ class TorchEngine(TorchOptimizerEngine):
         loss.backward()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach() for k, v in self._model.state_dict().items()}
+        return gather_state_dict(self._model, self.tp)
+
+    def _optimizer_file(self, path: Path) -> Path:
+        return path / (f"optimizer-tp{self.tp.rank}.pt" if self.tp.enabled else "optimizer.pt")
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        """An HF model directory plus ``optimizer.pt`` (loadable with ``weights_only=True``)."""
+        """An HF model directory (full weights) and each TP shard's optimizer state (``weights_only`` loadable)."""
         path = Path(path)
+        state = self.full_state_dict()  # collective under TP
         if not dist.is_initialized() or dist.get_rank(self.group) == 0:
-            save_model_dir(self._model, path)
+            if self.tp.rank == 0:
+                save_model_dir(self._model, path, state=state)
+            if self.tp.enabled:
+                dist.barrier(group=self.tp.group)  # the directory exists before the other shards write into it
             torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                        "global_step": self.global_step}, path / "optimizer.pt")
-        if self.dp_size > 1:
-            dist.barrier(group=self.group)
+                        "global_step": self.global_step}, self._optimizer_file(path))
+        if dist.is_initialized():
+            dist.barrier()
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
         path = Path(path)
-        load_weights(self._model, path)
-        state = torch.load(path / "optimizer.pt", weights_only=True)
+        load_weights(self._model, path, self.tp)
+        state = torch.load(self._optimizer_file(path), weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = state["global_step"]

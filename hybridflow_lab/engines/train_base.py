@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, clip_grad_norm
 from hybridflow_lab.protocol import DataBatch
 
 # loss_fn(module, micro_batch) -> (loss summed over units, metrics summed over units)
@@ -159,15 +160,20 @@ class TorchOptimizerEngine(TrainEngine):
     """An engine that steps a torch AdamW and LambdaLR itself (torch/DDP and FSDP2; DeepSpeed steps its own)."""
 
     def __init__(self, parameters: Iterator[nn.Parameter], optim: OptimConfig,
-                 group: dist.ProcessGroup | None = None) -> None:
+                 group: dist.ProcessGroup | None = None, tp: TensorParallel = SINGLE) -> None:
         super().__init__(group)
+        self.tp = tp
         self.optim_config = optim
         self.optimizer = build_optimizer(parameters, optim)
         self.scheduler = build_scheduler(self.optimizer, optim)
 
     def _optimizer_step(self) -> float:
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_config.grad_clip or float("inf"))
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a DTensor under FSDP2
+        max_norm = self.optim_config.grad_clip or float("inf")
+        if self.tp.enabled:
+            norm = clip_grad_norm(self.model, max_norm, self.tp)
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a DTensor under FSDP2
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

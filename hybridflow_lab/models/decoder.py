@@ -240,7 +240,10 @@ class DecoderLM(nn.Module):
 
 
 def shard_model(full: DecoderLM, tp: TensorParallel) -> DecoderLM:
-    """This rank's tensor-parallel shard of ``full``: a new model holding copies of its slices."""
+    """This rank's tensor-parallel shard of ``full``: a new model holding copies of its slices (``full`` itself
+    without TP)."""
+    if not tp.enabled:
+        return full
     model = DecoderLM(full.config, tp)
     model.load_state_dict(shard_state_dict(full.state_dict(), tp))
     return model

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, LlamaConfig, PretrainedConfig, PreTrainedTokenizerBase, Qwen2Config
 
 from hybridflow_lab.models.decoder import DecoderLM, check_supported, init_weights
+from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, shard_state_dict
 from hybridflow_lab.models.tokenizers import char_tokenizer
 
 # name -> (hidden, intermediate, layers, heads, kv heads); roughly 1M, 4M (the standard workload) and 11M.
@@ -64,12 +65,16 @@ def create_model_dir(
 
 
 def save_model_dir(model: torch.nn.Module, path: str | os.PathLike[str],
-                   tokenizer: PreTrainedTokenizerBase | None = None) -> Path:
-    """Save ``model`` (and ``tokenizer``) as an HF directory; tied weights are stored once."""
+                   tokenizer: PreTrainedTokenizerBase | None = None,
+                   state: dict[str, torch.Tensor] | None = None) -> Path:
+    """Save ``model`` (and ``tokenizer``) as an HF directory; tied weights are stored once.
+
+    ``state`` replaces the model's own weights (e.g. the gathered full weights of a TP shard).
+    """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(path)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().contiguous() for k, v in (state or model.state_dict()).items()}
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
     tmp = path / (WEIGHTS + ".tmp")
@@ -112,10 +117,11 @@ def load_causal_lm(path: str | os.PathLike[str], dtype: torch.dtype = torch.floa
     return model.to(dtype)
 
 
-def load_weights(model: torch.nn.Module, path: str | os.PathLike[str]) -> None:
-    """Load a model directory's weights into ``model`` (a tied ``lm_head`` may be absent)."""
+def load_weights(model: torch.nn.Module, path: str | os.PathLike[str], tp: TensorParallel = SINGLE) -> None:
+    """Load a model directory's weights into ``model``, this rank's ``tp`` shard of them (a tied ``lm_head``
+    may be absent)."""
     tied = ("lm_head.weight",) if getattr(model.config, "tie_word_embeddings", False) else ()
-    load_matching(model, read_weights(path), str(path), allow_missing=tied)
+    load_matching(model, shard_state_dict(read_weights(path), tp), str(path), allow_missing=tied)
 
 
 def load_matching(model: torch.nn.Module, weights: dict[str, Any], source: str,

@@ -140,3 +140,35 @@ class VocabParallelEmbedding(torch.nn.Module):
         outside = (local < 0) | (local >= self.rows)
         out = torch.nn.functional.embedding(local.masked_fill(outside, 0), self.weight)
         return reduce_from_parallel(out.masked_fill(outside[..., None], 0.0), self.tp)
+
+
+def gather_state_dict(model: torch.nn.Module, tp: TensorParallel) -> dict[str, torch.Tensor]:
+    """The full (unsharded) weights of a tensor-parallel shard, on every rank of its group (collective)."""
+    state = {}
+    for name, value in model.state_dict().items():
+        dim = split_dim(name)
+        if dim is None or not tp.enabled:
+            state[name] = value.detach()
+            continue
+        parts = [torch.empty_like(value) for _ in range(tp.size)]
+        dist.all_gather(parts, value.detach().contiguous(), group=tp.group)
+        state[name] = torch.cat(parts, dim=dim)
+    return state
+
+
+def clip_grad_norm(model: torch.nn.Module, max_norm: float, tp: TensorParallel) -> torch.Tensor:
+    """Clip the gradients by the norm of the *whole* model's gradient, as if it were not sharded.
+
+    Sharded gradients add up over the group; replicated ones (norm weights) are equal on every
+    rank and count once. Every rank gets the same norm, hence the same clip factor.
+    """
+    named = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+    sharded = [g for n, g in named if split_dim(n) is not None]
+    replicated = [g for n, g in named if split_dim(n) is None]
+    squares = torch.stack([torch.nn.utils.get_total_norm(gs) ** 2 if gs else torch.zeros(())
+                           for gs in (sharded, replicated)])
+    if tp.enabled:
+        dist.all_reduce(squares[:1], group=tp.group)
+    total = squares.sum().sqrt()
+    torch.nn.utils.clip_grads_with_norm_([p for p in model.parameters() if p.grad is not None], max_norm, total)
+    return total

@@ -30,7 +30,8 @@ class PlacementPlan:
 
     pools: dict[str, int]
     assignment: dict[str, str]
-    rollout_tensor_parallel: int = 1
+    actor_tensor_parallel: int = 1  # training TP (the paper's t)
+    rollout_tensor_parallel: int = 1  # generation TP (tg)
     engines: dict[str, str] = field(default_factory=dict)  # role -> train backend (torch | deepspeed | fsdp)
     zero_stages: dict[str, int] = field(default_factory=dict)  # role -> ZeRO stage (deepspeed only)
 
@@ -38,13 +39,15 @@ class PlacementPlan:
     def from_config(cls, config: LabConfig) -> PlacementPlan:
         roles = trained_roles(config)
         return cls(pools=config.pool_slots(roles), assignment={role: getattr(config, role).pool for role in roles},
+                   actor_tensor_parallel=config.actor.engine.tensor_parallel,
                    rollout_tensor_parallel=config.rollout.tensor_parallel,
                    engines={role: getattr(config, role).engine.backend for role in roles},
                    zero_stages={role: getattr(config, role).engine.zero_stage for role in roles})
 
     def overrides(self) -> list[str]:
         """The dotted overrides that turn a config into this plan."""
-        items = [f"rollout.tensor_parallel={self.rollout_tensor_parallel}"]
+        items = [f"actor.engine.tensor_parallel={self.actor_tensor_parallel}",
+                 f"rollout.tensor_parallel={self.rollout_tensor_parallel}"]
         for role, pool in self.assignment.items():
             items += [f"{role}.pool={pool}", f"{role}.ranks={self.pools[pool]}"]
             if role in self.engines:
@@ -95,8 +98,9 @@ class PlacementPlan:
         return [size for size in range(1, devices + 1)
                 if self.with_changes(pools={**self.pools, pool: size}).problem(config, devices) is None]
 
-    def tensor_parallel_choices(self, config: LabConfig, devices: int) -> list[int]:
-        """The generation tensor-parallel sizes that make a valid plan."""
+    def tensor_parallel_choices(self, config: LabConfig, devices: int, which: str = "rollout") -> list[int]:
+        """The generation (``which="rollout"``) or training (``"actor"``) tensor-parallel sizes that make a valid
+        plan."""
         actor_slots = self.pools[self.assignment["actor"]]
         return [tp for tp in range(1, actor_slots + 1)
-                if self.with_changes(rollout_tensor_parallel=tp).problem(config, devices) is None]
+                if self.with_changes(**{f"{which}_tensor_parallel": tp}).problem(config, devices) is None]

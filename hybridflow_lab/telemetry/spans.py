@@ -62,7 +62,8 @@ class SpanRecorder:
         self._spans: list[Span] = []
 
     @contextmanager
-    def span(self, name: str, bytes_moved: int = 0, **attrs: Any) -> Iterator[dict[str, Any]]:
+    def span(self, name: str, bytes_moved: int = 0, phase: Phase = Phase.WORKER,
+             **attrs: Any) -> Iterator[dict[str, Any]]:
         """Time the body; the yielded dict may be filled with attrs (``bytes_moved`` included)."""
         extra: dict[str, Any] = dict(attrs)
         start = time.time()
@@ -70,7 +71,7 @@ class SpanRecorder:
             yield extra
         finally:
             moved = int(extra.pop("bytes_moved", bytes_moved))
-            self._spans.append(Span(name, Phase.WORKER, start, time.time(), bytes_moved=moved, attrs=extra))
+            self._spans.append(Span(name, phase, start, time.time(), bytes_moved=moved, attrs=extra))
 
     def record(self, span: Span) -> None:
         self._spans.append(span)

@@ -101,7 +101,8 @@ class Lab:
         pools = self._build_pools()
         options = {"backend": config.backend, "telemetry": self.telemetry}
         actor_pool = pools[config.actor.pool]
-        self.groups["actor"] = WorkerGroup(Role(ActorWorker, config), actor_pool, name=f"{self.name}.actor", **options)
+        self.groups["actor"] = WorkerGroup(Role(ActorWorker, config), actor_pool, name=f"{self.name}.actor",
+                                           meshes=ActorWorker.meshes(config), **options)
         if uses_critic(config):
             self.groups["critic"] = WorkerGroup(Role(CriticWorker, config), pools[config.critic.pool],
                                                 name=f"{self.name}.critic", **options)

@@ -86,9 +86,12 @@ class PlacementBoard:
             rows.append(self._choice(f"pool {pool} slots", sizes, self.plan.pools[pool],
                                      lambda size, pool=pool: self.plan.with_changes(pools={**self.plan.pools,
                                                                                            pool: size})))
-        tps = self.plan.tensor_parallel_choices(config, self.devices) or [self.plan.rollout_tensor_parallel]
-        rows.append(self._choice("generation TP", tps, self.plan.rollout_tensor_parallel,
-                                 lambda tp: self.plan.with_changes(rollout_tensor_parallel=tp)))
+        for which, label in (("actor", "training TP"), ("rollout", "generation TP")):
+            field = f"{which}_tensor_parallel"
+            current = getattr(self.plan, field)
+            sizes = self.plan.tensor_parallel_choices(config, self.devices, which) or [current]
+            rows.append(self._choice(label, sizes, current,
+                                     lambda tp, field=field: self.plan.with_changes(**{field: tp})))
         self.controls.children = rows
         self.grid.value = device_grid_html(self.plan, self.devices)
         problem = self.plan.problem(config, self.devices)

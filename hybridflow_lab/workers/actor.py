@@ -1,13 +1,12 @@
 """The actor role: trains the policy, generates with it and keeps the frozen reference, in one process per rank.
 
-This is the paper's colocated actor: generation runs on the training weights in place
-when they are whole on every rank (torch, ZeRO-1/2); with ZeRO-3 or FSDP the rollout gets a
-gathered copy before each generation (the hybrid-engine milestone removes that copy).
+This is the paper's colocated actor: one set of weights per rank, switched between the training
+layout and the generation layout by the hybrid engine (``hybridflow_lab.hybrid.engine``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -18,10 +17,15 @@ from hybridflow_lab.algorithms.losses import ppo_policy_loss
 from hybridflow_lab.algorithms.registry import PolicyLoss
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, register
+from hybridflow_lab.controller.mesh import Mesh
 from hybridflow_lab.engines import SamplingParams
 from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.torch_rollout import TorchRollout
+from hybridflow_lab.hybrid.engine import HybridEngine, actor_layout
+from hybridflow_lab.hybrid.reshard import process_groups
 from hybridflow_lab.models import load_causal_lm
+from hybridflow_lab.models.decoder import shard_model
+from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.workers.batching import micro_batches, train_minibatches
 from hybridflow_lab.workers.trained_role import TrainedRole
@@ -38,57 +42,70 @@ def sampling_params(config: LabConfig, **overrides: object) -> SamplingParams:
 
 
 class ActorWorker(TrainedRole):
-    """Policy training, generation and the reference policy on one rank."""
+    """Policy training, generation and the reference policy on one rank.
+
+    Training runs on this rank's TP shard (``actor.engine.tensor_parallel``) with data parallel
+    over the rest; generation on the generation layout the hybrid engine switches to.
+    """
+
+    @staticmethod
+    def meshes(config: LabConfig) -> dict[str, Mesh]:
+        """The named meshes the actor's worker group needs (``train``, ``generate``, ``regroup``)."""
+        return actor_layout(config).meshes()
 
     def __init__(self, config: LabConfig) -> None:
         torch.manual_seed(config.seed)
         self.config = config
         path = config.actor.model_path
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        role = config.actor
-        self.engine = self.build_engine(role, load_causal_lm(path))
-        self.reference = load_causal_lm(path).eval().requires_grad_(False)
-        self.shares_weights = config.rollout.engine == "torch" and (role.engine.backend == "torch" or (
-            role.engine.backend == "deepspeed" and role.engine.zero_stage < 3))
-        self.rollout = self._build_rollout(path)
-        self.updates = 0
-        self.synced_updates = 0
-
-    def _build_rollout(self, path: str) -> TorchRollout | VllmRollout:
-        params, eos, pad = sampling_params(self.config), self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        if self.config.rollout.engine == "vllm":
+        self.layout = actor_layout(config)
+        tp, dp_group = self._training_parallelism()
+        self.engine = self.build_engine(config.actor, shard_model(load_causal_lm(path), tp), dp_group, tp)
+        self.reference = shard_model(load_causal_lm(path), tp).eval().requires_grad_(False)
+        self.rollout: TorchRollout | VllmRollout
+        params, eos, pad = sampling_params(config), self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        if config.rollout.engine == "vllm":
             from hybridflow_lab.engines.vllm_rollout import VllmRollout
 
-            rollout = self.config.rollout
-            return VllmRollout(path, params, eos, pad, rollout.tensor_parallel, rollout.gpu_memory_utilization,
-                               self.config.seed + self.rank)
-        return TorchRollout(self.engine.model if self.shares_weights else load_causal_lm(path), params, eos, pad)
+            rollout = config.rollout
+            self.rollout = VllmRollout(path, params, eos, pad, rollout.tensor_parallel,
+                                       rollout.gpu_memory_utilization, config.seed + self.rank)
+            self.hybrid = self._hybrid_engine(self.rollout.update_weights)
+        else:
+            self.hybrid = self._hybrid_engine(None)
+            assert self.hybrid.model is not None
+            self.rollout = TorchRollout(self.hybrid.model, params, eos, pad)
 
-    def _sync_generation_weights(self) -> None:
-        """Give the rollout the weights of the latest update when it does not share them (collective)."""
-        if self.shares_weights or self.synced_updates == self.updates:
-            return
-        with self.span("weight_sync") as attrs:
-            state = self.engine.full_state_dict()
-            if isinstance(self.rollout, TorchRollout):
-                self.rollout.model.load_state_dict(state)
-            else:
-                self.rollout.update_weights(state)
-            attrs["bytes_moved"] = sum(t.numel() * t.element_size() for t in state.values())
-        self.synced_updates = self.updates
+    @property
+    def data_parallel_size(self) -> int:
+        return self.layout.d
 
-    @register(Dispatch.DP_COMPUTE)
+    def _training_parallelism(self) -> tuple[TensorParallel, Any]:
+        """This rank's training TP place and its data-parallel group (None: all ranks)."""
+        if self.layout.t == 1:
+            return SINGLE, None
+        mesh = self.device_mesh("train")
+        return TensorParallel(self.layout.t, self.mesh_coords("train")["tp"], mesh.get_group("tp")), \
+            mesh.get_group("dp")
+
+    def _hybrid_engine(self, load_copy: Any) -> HybridEngine:
+        return HybridEngine(self.config, self.engine, self.rank, lambda: process_groups(self.device_mesh), self.span,
+                            load_copy)
+
+    @register(Dispatch.MESH("generate"))
     def generate_sequences(self, prompts: DataBatch, greedy: bool = False, n: int | None = None,
                            seed: int | None = None) -> DataBatch:
         """``samples_per_prompt`` responses per left-padded prompt (``input_ids``, ``attention_mask``).
 
-        Returns the sequence layout for training, ``rollout_log_probs``, the decoded
-        ``response_text``, and every non-tensor column of the prompts repeated per sample.
+        Runs on the generation layout: prompts are split over the generation replicas, the ranks
+        of one generation TP group sample the same tokens. Returns the sequence layout for
+        training, ``rollout_log_probs``, the decoded ``response_text``, and every non-tensor
+        column of the prompts repeated per sample.
         """
-        self._sync_generation_weights()
+        replica = self.mesh_coords("generate")["dp"]
         params = sampling_params(self.config, greedy=greedy, n=n or self.config.batch.samples_per_prompt,
-                                 seed=None if seed is None else seed * 1009 + self.rank)
-        with self.span("generate", prompts=len(prompts)) as attrs:
+                                 seed=None if seed is None else seed * 1009 + replica)
+        with self.hybrid.generating(), self.span("generate", prompts=len(prompts)) as attrs:
             out = self.rollout.generate(prompts["input_ids"], prompts["attention_mask"], params)
             attrs["tokens"] = int(out["response_mask"].sum())
         texts = self.tokenizer.batch_decode(out["responses"] * out["response_mask"], skip_special_tokens=True)
@@ -113,18 +130,18 @@ class ActorWorker(TrainedRole):
             columns["entropy"] = torch.cat([p[1] for p in parts])
         return DataBatch(columns)
 
-    @register(Dispatch.DP_COMPUTE)
+    @register(Dispatch.MESH("train"))
     def compute_log_prob(self, batch: DataBatch) -> DataBatch:
         """Log-probs (``old_log_probs``) and entropies of the responses under the current policy."""
         out = self._log_probs(self.engine.module, batch, with_entropy=True)
         return DataBatch({"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
 
-    @register(Dispatch.DP_COMPUTE)
+    @register(Dispatch.MESH("train"))
     def compute_ref_log_prob(self, batch: DataBatch) -> DataBatch:
         """Log-probs of the responses under the frozen reference policy (``ref_log_probs``)."""
         return DataBatch({"ref_log_probs": self._log_probs(self.reference, batch, with_entropy=False)["log_probs"]})
 
-    @register(Dispatch.DP_COMPUTE)
+    @register(Dispatch.MESH("train"))
     def update_actor(self, batch: DataBatch, policy_loss: PolicyLoss = ppo_policy_loss, kl_coef: float = 0.0,
                      seed: int = 0) -> DataBatch:
         """Policy updates over this rank's share; needs ``advantages``.
@@ -162,9 +179,9 @@ class ActorWorker(TrainedRole):
                 metrics["kl_loss"] = kl
             return token_loss, metrics
 
-        steps = train_minibatches(self.engine, batch, self.config, self.world_size, seed, loss)
-        self.updates += 1
+        steps = train_minibatches(self.engine, batch, self.config, self.data_parallel_size, seed, loss)
+        self.hybrid.weights_changed()
         return DataBatch(meta={"metrics": {f"actor/{k}": v for k, v in steps.items() if k != "loss"}})
 
     def weights_loaded(self) -> None:
-        self.updates += 1  # the rollout must pick up the loaded weights
+        self.hybrid.weights_changed()

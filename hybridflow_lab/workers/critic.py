@@ -39,5 +39,5 @@ class CriticWorker(TrainedRole):
             return clipped_value_loss(response_values(module, micro), micro["values"], micro["returns"],
                                       micro["response_mask"], clip)
 
-        steps = train_minibatches(self.engine, batch, self.config, self.world_size, seed, loss)
+        steps = train_minibatches(self.engine, batch, self.config, self.data_parallel_size, seed, loss)
         return DataBatch(meta={"metrics": {f"critic/{'vf_loss' if k == 'loss' else k}": v for k, v in steps.items()}})

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from torch import nn
+from torch.distributed import ProcessGroup
 
 from hybridflow_lab.config import LabConfig, RoleConfig
 from hybridflow_lab.controller import Dispatch, Worker, register
 from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.train_base import TrainEngine
+from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
 from hybridflow_lab.workers.batching import per_rank_minibatch
 
 
@@ -17,14 +19,21 @@ class TrainedRole(Worker):
     config: LabConfig
     engine: TrainEngine
 
-    def build_engine(self, role: RoleConfig, model: nn.Module) -> TrainEngine:
-        """``role``'s training engine around ``model``, sized by the run's batch config (collective)."""
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that split each batch (all of them unless the role is tensor-parallel)."""
+        return self.world_size
+
+    def build_engine(self, role: RoleConfig, model: nn.Module, dp_group: ProcessGroup | None = None,
+                     tp: TensorParallel = SINGLE) -> TrainEngine:
+        """``role``'s training engine around ``model`` (this rank's ``tp`` shard), sized by the run's batch
+        config; gradients are averaged over ``dp_group`` (default: all ranks). Collective."""
         batch, engine = self.config.batch, role.engine
         micro = batch.micro_batch_sequences_per_rank
         return build_train_engine(
             engine.backend, model, role.optim, zero_stage=engine.zero_stage, micro_batch_size=micro,
-            micro_batches_per_step=per_rank_minibatch(batch, self.world_size) // micro, offload=engine.offload,
-            bf16=engine.bf16,
+            micro_batches_per_step=per_rank_minibatch(batch, self.data_parallel_size) // micro,
+            offload=engine.offload, bf16=engine.bf16, dp_group=dp_group, tp=tp,
         )
 
     @register(Dispatch.ONE_TO_ALL)

@@ -1,0 +1,112 @@
+"""The actor's hybrid engine: which weights generation runs on, and the transitions that put them there.
+
+Three cases, chosen from the config:
+
+- **in place**: training and generation use the same layout (``t == tg``) and the training
+  engine keeps whole weights (torch, ZeRO-1/2): generation runs on the training model; nothing moves.
+- **reshard**: the ``Resharder`` switches the training shards (TP ``t``) to generation shards (TP
+  ``tg``) with ``rollout.reshard``'s strategy before each generation, and back after it.
+- **gathered copy**: ZeRO-3 and FSDP hold 1/N of every weight; after each update the full weights
+  are gathered into a separate generation model (DeepSpeed-Chat's scheme).
+
+Every transition that moves or gathers weights is recorded as a ``transfer`` span with the bytes
+this rank received, the parameter bytes it held at the peak and the bytes held twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import torch
+
+from hybridflow_lab.config import LabConfig
+from hybridflow_lab.engines.train_base import TrainEngine
+from hybridflow_lab.hybrid.layout import HybridLayout
+from hybridflow_lab.hybrid.reshard import Groups, Resharder, TransitionStats
+from hybridflow_lab.models import load_causal_lm
+from hybridflow_lab.models.decoder import DecoderLM
+from hybridflow_lab.telemetry import Phase
+
+SpanFn = Callable[..., AbstractContextManager[dict[str, Any]]]
+
+
+def actor_layout(config: LabConfig) -> HybridLayout:
+    """The actor's training (TP ``actor.engine.tensor_parallel``) and generation (TP ``rollout.tensor_parallel``)
+    layouts over its ``actor.ranks``."""
+    t = config.actor.engine.tensor_parallel
+    return HybridLayout(t=t, tg=config.rollout.tensor_parallel, d=config.actor.ranks // t)
+
+
+def weights_whole(config: LabConfig) -> bool:
+    """Whether every rank's training engine holds whole (possibly TP-sharded) weights it can generate with."""
+    engine = config.actor.engine
+    return engine.backend == "torch" or (engine.backend == "deepspeed" and engine.zero_stage < 3)
+
+
+class HybridEngine:
+    """Puts the actor's current weights where one generation on this rank needs them.
+
+    ``load_copy`` receives full weights in the gathered-copy case (vLLM's weight update); without
+    it the built-in engine gets its own copy model. ``model`` is what the built-in engine runs.
+    """
+
+    def __init__(self, config: LabConfig, engine: TrainEngine, rank: int, groups: Callable[[], Groups],
+                 span: SpanFn, load_copy: Callable[[dict[str, torch.Tensor]], Any] | None = None) -> None:
+        self.layout, self.engine, self.span = actor_layout(config), engine, span
+        self.world_size = config.actor.ranks
+        self.whole = weights_whole(config)
+        self.resharder: Resharder | None = None
+        self.model: DecoderLM | None = None
+        if load_copy is None and self.whole and (self.layout.dg > 1 or config.rollout.reshard != "hybridflow"):
+            self.mode = "reshard"
+            self.resharder = Resharder(engine.model, self.layout, rank, groups(), config.rollout.reshard)
+            self.model = self.resharder.generation_model
+        elif load_copy is None and self.whole:
+            self.mode, self.model = "in_place", engine.model
+        else:
+            self.mode = "gathered_copy"
+            if load_copy is None:
+                self.model = load_causal_lm(config.actor.model_path)
+                load_copy = self.model.load_state_dict
+        self.load_copy = load_copy
+        self.stale = False
+
+    def weights_changed(self) -> None:
+        """An update or a checkpoint load replaced the training weights."""
+        self.stale = True
+
+    @contextmanager
+    def generating(self) -> Iterator[DecoderLM | None]:
+        """The generation model, valid inside the block (collective on entry and exit when resharding)."""
+        if self.resharder is None:
+            self._refresh_copy()
+            yield self.model
+            return
+        strategy = self.resharder.strategy
+        with self.span("reshard_to_generation", phase=Phase.TRANSFER) as attrs:
+            attrs.update(transition_attrs(self.resharder.to_generation()[1], strategy))
+        try:
+            yield self.model
+        finally:
+            with self.span("reshard_to_training", phase=Phase.TRANSFER) as attrs:
+                attrs.update(transition_attrs(self.resharder.to_training(), strategy))
+
+    def _refresh_copy(self) -> None:
+        """Gather the full weights into the generation copy if they changed (collective for ZeRO-3 and FSDP)."""
+        if self.mode != "gathered_copy" or not self.stale:
+            return
+        with self.span("gather_weights", phase=Phase.TRANSFER) as attrs:
+            state = self.engine.full_state_dict()
+            assert self.load_copy is not None
+            self.load_copy(state)
+            full = sum(t.numel() * t.element_size() for t in state.values())
+            attrs.update(bytes_moved=0 if self.whole else full - full // self.world_size, copied_bytes=full)
+        self.stale = False
+
+
+def transition_attrs(stats: TransitionStats, strategy: str) -> dict[str, Any]:
+    """A transition's numbers as span attributes (``bytes_moved`` is the bytes this rank received)."""
+    return {"bytes_moved": stats.bytes_received, "strategy": strategy, "peak_param_bytes": stats.peak_param_bytes,
+            "redundant_param_bytes": stats.redundant_param_bytes, "seconds": round(stats.seconds, 6)}
