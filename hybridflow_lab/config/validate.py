@@ -129,6 +129,11 @@ def _check_rollout(config: LabConfig) -> None:
         raise ConfigError("rollout.tensor_parallel", f"generation TP {tg} must divide the actor's training TP {t} "
                           f"(actor.engine.tensor_parallel), so each generation shard is whole training shards; use "
                           f"one of {divisors(t)}, or raise actor.engine.tensor_parallel")
+    if rollout.engine == "vllm" and tg > 1:
+        raise ConfigError("rollout.tensor_parallel", "vLLM generation sharded over the actor's ranks (vLLM TP = "
+                          "rollout.tensor_parallel, each rank feeding its generation shard) is not built yet: it needs "
+                          "a GPU to verify; use 1 with vllm (every rank a vLLM replica fed the gathered weights), or "
+                          "rollout.engine=torch for tensor-parallel generation")
     if rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.engine", "vllm is not installed; install the GPU extra (pip install -e '.[gpu]') "
                           "on a CUDA machine, or use rollout.engine=torch")

@@ -55,22 +55,21 @@ class HybridEngine:
     def __init__(self, config: LabConfig, engine: TrainEngine, rank: int, groups: Callable[[], Groups],
                  span: SpanFn, load_copy: Callable[[dict[str, torch.Tensor]], Any] | None = None) -> None:
         self.layout, self.engine, self.span = actor_layout(config), engine, span
-        self.world_size = config.actor.ranks
         self.whole = weights_whole(config)
+        self.gather_ways = self.layout.t if self.whole else config.actor.ranks  # ranks a full copy is gathered from
         self.resharder: Resharder | None = None
         self.model: DecoderLM | None = None
+        self.load_copy: Callable[[dict[str, torch.Tensor]], Any] | None = None
         if load_copy is None and self.whole and (self.layout.dg > 1 or config.rollout.reshard != "hybridflow"):
-            self.mode = "reshard"
             self.resharder = Resharder(engine.model, self.layout, rank, groups(), config.rollout.reshard)
             self.model = self.resharder.generation_model
         elif load_copy is None and self.whole:
-            self.mode, self.model = "in_place", engine.model
+            self.model = engine.model
+        elif load_copy is None:  # the built-in engine on a gathered copy
+            self.model = load_causal_lm(config.actor.model_path)
+            self.load_copy = self.model.load_state_dict
         else:
-            self.mode = "gathered_copy"
-            if load_copy is None:
-                self.model = load_causal_lm(config.actor.model_path)
-                load_copy = self.model.load_state_dict
-        self.load_copy = load_copy
+            self.load_copy = load_copy
         self.stale = False
 
     def weights_changed(self) -> None:
@@ -95,14 +94,13 @@ class HybridEngine:
 
     def _refresh_copy(self) -> None:
         """Gather the full weights into the generation copy if they changed (collective for ZeRO-3 and FSDP)."""
-        if self.mode != "gathered_copy" or not self.stale:
+        if self.load_copy is None or not self.stale:
             return
         with self.span("gather_weights", phase=Phase.TRANSFER) as attrs:
             state = self.engine.full_state_dict()
-            assert self.load_copy is not None
             self.load_copy(state)
             full = sum(t.numel() * t.element_size() for t in state.values())
-            attrs.update(bytes_moved=0 if self.whole else full - full // self.world_size, copied_bytes=full)
+            attrs.update(bytes_moved=full - full // self.gather_ways, copied_bytes=full)
         self.stale = False
 
 
