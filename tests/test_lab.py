@@ -11,6 +11,7 @@ from hybridflow_lab.config import ConfigError
 from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.trainer.dataflows import DATAFLOWS
 from hybridflow_lab.trainer.lab import Lab
+from hybridflow_lab.ui.figures import recent_steps, timeline
 
 
 @pytest.fixture(scope="module")
@@ -168,17 +169,23 @@ def test_algorithm_and_task_settings_fail_before_start(model_dir, tmp_path, extr
 
 
 @pytest.mark.slow
-def test_grpo_and_ppo_on_two_ray_ranks(ray_cluster, model_dir, tmp_path):
-    for algorithm in ("grpo", "ppo"):
+def test_grpo_with_the_hybrid_engine_and_ppo_on_two_ray_ranks(ray_cluster, model_dir, tmp_path):
+    """GRPO trains with TP 2 and generates with TP 1 (the resharding shows on the timeline); PPO with ZeRO-2."""
+    hybrid = ("actor.engine.backend=torch", "actor.engine.tensor_parallel=2", "rollout.tensor_parallel=1")
+    for algorithm, extra in (("grpo", hybrid), ("ppo", ())):
         overrides = [o for o in local_overrides(model_dir, tmp_path / algorithm) if "ranks" not in o
                      and "backend" not in o]
         lab = Lab("arithmetic_grpo", overrides=(*overrides, f"algorithm.name={algorithm}", "actor.ranks=2",
-                                                "critic.ranks=2"))
+                                                "critic.ranks=2", *extra))
         try:
             metrics = lab.run(2)[-1]
             assert lab.groups["actor"].world_size == 2 and "actor/grad_norm" in metrics
             if algorithm == "ppo":
                 assert lab.groups["critic"].world_size == 2 and "critic/vf_loss" in metrics
+            else:
+                bars = {bar.name: bar for bar in timeline(recent_steps(lab.telemetry.spans(), 1)).data}
+                reshard = bars["reshard_to_generation (transfer)"]  # (t - tg) / (tg t) of the 3.3 MB of TP weights
+                assert sorted(reshard.y) == ["actor r0", "actor r1"] and set(reshard.text) == {"1.6 MB"}
         finally:
             lab.shutdown()
 
