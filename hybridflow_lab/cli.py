@@ -70,7 +70,7 @@ def _dashboard(args: argparse.Namespace) -> None:
 QUICK_BENCH = {
     "dispatch": {"workers": (1, 2), "payloads": (0, 1 << 20), "repeats": 3},
     "rollout": {"size": "tiny", "prompts": 8, "new_tokens": 8, "repeats": 1},
-    "train": {"size": "tiny", "rows": 4, "response": 8, "steps": 1},
+    "train": {"size": "tiny", "rows": 4, "response": 8, "steps": 1, "engines": (("torch", 0), ("deepspeed", 3))},
     "e2e": {"steps": 1, "warmup": 1},
     "reshard": {"repeats": 1, "warmup": 0, "size": "tiny", "layouts": ((2, 1),), "ranks": 2},
     "dashboard": {"blocks": 1, "steps_per_block": 1, "warmup": 0, "ranks": 1, "engine": "torch", "backend": "local"},

@@ -42,8 +42,7 @@ def test_init_model_and_quick_rollout_and_train_benches(tmp_path):
     assert set(rollout) >= {"model", "prompts", "new_tokens", "torch_tok_s", "hf_tok_s", "ratio"}
     assert rollout["torch_tok_s"] > 0 and rollout["hf_tok_s"] > 0
     train = json.loads(run_cli("bench", "train", "--quick"))
-    assert [(r["engine"], r["zero_stage"]) for r in train["results"]] == [
-        ("torch", None), ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3), ("fsdp", None)]
+    assert [(r["engine"], r["zero_stage"]) for r in train["results"]] == [("torch", None), ("deepspeed", 3)]
     assert all(r["tokens_per_s"] > 0 for r in train["results"])
 
 

@@ -36,7 +36,7 @@ def update(actor, rollout, old_log_probs) -> dict[str, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("t", "tg", "strategy"), [(4, 2, "hybridflow"), (2, 1, "hybridflow"), (4, 4, "hybridflow")])
+@pytest.mark.parametrize(("t", "tg", "strategy"), [(4, 2, "hybridflow"), (2, 1, "hybridflow")])
 def test_tensor_parallel_actor_matches_one_process(ray_cluster, model_dir, t, tg, strategy):
     """Greedy tokens, log-probs and update metrics of the TP actor on 4 ranks equal one process's, over updates;
     every resharding transition is a transfer span carrying the paper's Table 2 bytes."""
@@ -57,9 +57,6 @@ def test_tensor_parallel_actor_matches_one_process(ray_cluster, model_dir, t, tg
         actor.shutdown()
         reference.shutdown()
     to_generation = [s for s in spans if s.name == "reshard_to_generation"]
-    if t == tg:  # the same layout: generation runs on the training weights, no transition
-        assert spans == []
-        return
     layout, model_bytes = HybridLayout(t, tg, 4 // t), sharded_bytes(model_dir)
     assert sorted(s.rank for s in to_generation) == sorted([0, 1, 2, 3] * 3)
     assert {s.bytes_moved for s in to_generation} == {formula_bytes_per_rank(strategy, layout, model_bytes)}

@@ -47,13 +47,13 @@ def synthetic_batch(rows: int, prompt: int, response: int, vocab: int) -> DataBa
 
 
 def run(size: str = "standard", ranks: int = 2, rows: int = 16, prompt: int = 16, response: int = 64,
-        micro_batches: int = 2, steps: int = 4) -> dict[str, Any]:
+        micro_batches: int = 2, steps: int = 4, engines: tuple[tuple[str, int], ...] = ENGINES) -> dict[str, Any]:
     init_cluster()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         path = str(create_model_dir(f"{tmp}/model", size, "qwen2", seed=0))
         batch = synthetic_batch(rows, prompt, response, 90)
-        for backend, stage in ENGINES:
+        for backend, stage in engines:
             group = WorkerGroup(Role(TrainBenchWorker, path, backend, stage, micro_batches), ResourcePool(ranks),
                                 name=f"bench-train-{backend}{stage}")
             try:
