@@ -77,6 +77,41 @@ QUICK_BENCH = {
 }
 
 
+def _plan(args: argparse.Namespace) -> None:
+    from hybridflow_lab.placement.automap import AutoMapper
+    from hybridflow_lab.placement.hardware import get_profile
+    from hybridflow_lab.placement.report import compare_with_paper, plans_table
+    from hybridflow_lab.placement.workload import Workload, workload_from_config
+    from hybridflow_lab.trainer.lab import check_config
+    from hybridflow_lab.trainer.presets import resolve_config
+
+    profile = get_profile(args.profile or ("a100-80gb" if args.paper or args.paper_model else "cpu"))
+    if args.paper:
+        rows = compare_with_paper(profile)
+        for row in rows:
+            verdict = {True: "agrees", False: "DISAGREES", None: "(paper silent)"}[row["agrees"]]
+            print(f"{row['model']:>4} {row['gpus']:>4} GPUs  predicted {row['predicted']:<10} paper "
+                  f"{row['paper'] or '-':<10} {verdict:<15} {row['best_s_by_kind']}")
+        report: dict[str, Any] = {"profile": profile.name, "paper_comparison": rows}
+    else:
+        if args.paper_model:  # the paper's PPO setting, no Lab restrictions
+            mapper = AutoMapper(Workload.paper_ppo(args.paper_model), profile, args.devices)
+        elif args.config:  # what the Lab can run: reference and reward inside the actor's ranks, TP for the actor
+            config = resolve_config(args.config, args.overrides)
+            check_config(config)
+            mapper = AutoMapper(workload_from_config(config), profile, args.devices,
+                                together=("actor", "reference", "reward"), max_pipeline=1,
+                                tensor_parallel_roles=("actor",))
+        else:
+            raise SystemExit("hybridflow-lab plan: give --config, --paper-model or --paper")
+        plans = mapper.search(args.top)
+        print(plans_table(plans))
+        report = {"profile": profile.name, "devices": args.devices, "workload": mapper.workload.name,
+                  "plans": [plan.to_dict() for plan in plans]}
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+
+
 def _bench(args: argparse.Namespace) -> None:
     module = importlib.import_module(f"hybridflow_lab.bench.{args.what}")
     report = module.run(**(QUICK_BENCH[args.what] if args.quick else {}))
@@ -131,6 +166,18 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--address", default="127.0.0.1")
     board.add_argument("--period-ms", type=int, default=1000, help="how often to read new telemetry")
     board.set_defaults(run=_dashboard)
+
+    plan = commands.add_parser("plan", help="rank placements and parallel sizes with the simulator (auto-mapping)")
+    plan.add_argument("--config", help="a preset or YAML: its models and batch are the workload")
+    plan.add_argument("--paper-model", choices=["7B", "13B", "34B", "70B"], help="the paper's PPO workload instead")
+    plan.add_argument("--paper", action="store_true", help="compare the best placements with the paper's section 8")
+    plan.add_argument("--devices", type=int, default=4)
+    plan.add_argument("--profile", help="a100-80gb, h100, h800, h200, cpu, or a calibrated profile's JSON "
+                      "(default: cpu for --config, a100-80gb for the paper)")
+    plan.add_argument("--top", type=int, default=10)
+    plan.add_argument("--out", help="also write the plans as JSON")
+    plan.add_argument("overrides", nargs="*", help="dotted overrides for --config")
+    plan.set_defaults(run=_plan)
 
     bench = commands.add_parser("bench", help="benchmarks that print JSON")
     bench.add_argument("what", choices=sorted(QUICK_BENCH))

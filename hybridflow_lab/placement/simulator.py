@@ -1,0 +1,145 @@
+"""The analytic cost model of the paper's auto-mapping (section 6): seconds per stage and bytes per device.
+
+Training and forward-only passes are compute-bound (FLOPs over the achieved rate), with tensor-parallel
+all-reduces, the pipeline bubble and the data-parallel gradient all-reduce added. Generation is
+memory-bound: every decoding step reads the generation shard of the weights and the batch's KV cache,
+and the batch per replica is as large as the KV cache that fits in the memory left over. The actor's
+training-to-generation transition costs the 3D-HybridEngine's bytes (Table 2) over the TP links.
+
+Stages follow the paper: ``generation`` (actor), ``preparation`` (one forward pass of the actor for
+old log-probs, the reference, the critic and the reward/cost models), ``training`` (actor and critic).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hybridflow_lab.hybrid.layout import HybridLayout, formula_bytes_per_rank
+from hybridflow_lab.placement.hardware import HardwareProfile
+from hybridflow_lab.placement.workload import TRAINED, ModelSpec, Workload
+
+ADAM_BYTES_PER_PARAM = 12  # fp32 master weights, first and second moments
+MEMORY_RESERVE = 0.9  # the fraction of device memory the models may fill (the rest: allocator, buffers)
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """Training TP ``t``, pipeline ``p``, data parallel ``d``; generation TP ``tg`` (the actor's, ``pg`` = 1)."""
+
+    t: int = 1
+    p: int = 1
+    d: int = 1
+    tg: int = 1
+
+    @property
+    def devices(self) -> int:
+        return self.t * self.p * self.d
+
+    def label(self) -> str:
+        return f"t{self.t} p{self.p} d{self.d}" + (f" tg{self.tg}" if self.tg != self.t else "")
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """A model on ``parallel``: seconds per stage (0 where it has no work) and the bytes each device holds."""
+
+    role: str
+    parallel: Parallelism
+    stage_s: dict[str, float]
+    memory_bytes: float
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.stage_s.values())
+
+
+def resident_bytes(role: str, spec: ModelSpec, parallel: Parallelism, workload: Workload) -> float:
+    """Bytes a model keeps on each device between stages: weights, and for trained models gradients, the
+    optimizer state (sharded over data parallel, as ZeRO-1 does) and one micro-batch's checkpointed activations."""
+    shards = parallel.t * parallel.p
+    weights = spec.params * workload.dtype_bytes / shards
+    if role not in TRAINED:
+        return weights
+    optimizer = spec.params * ADAM_BYTES_PER_PARAM / (shards * parallel.d)
+    layer_inputs = workload.micro_batch_sequences * workload.sequence_tokens * spec.hidden * workload.dtype_bytes
+    activations = layer_inputs * (spec.layers / parallel.p + 16 / parallel.t)  # checkpoints + one live layer
+    return 2 * weights + optimizer + activations
+
+
+def _forward_s(spec: ModelSpec, parallel: Parallelism, workload: Workload, hw: HardwareProfile,
+               sequences: int, efficiency: float, passes: float = 1.0) -> float:
+    """``passes`` forward-equivalents over ``sequences`` full sequences on ``parallel`` (3 = forward + backward)."""
+    tokens = sequences * workload.sequence_tokens
+    flops = passes * tokens * spec.flops_per_token(workload.sequence_tokens // 2)
+    compute = flops / (parallel.devices * hw.flops * efficiency)
+    tokens_per_replica = tokens / parallel.d
+    micro_batches = max(1, math.ceil(sequences / parallel.d / workload.micro_batch_sequences))
+    bubble = 1 + (parallel.p - 1) / micro_batches
+    tp_comm = 0.0
+    if parallel.t > 1:  # two activation all-reduces per layer per forward-equivalent (ring: 2 (t-1)/t each)
+        all_reduces = passes * 2 * spec.layers / parallel.p
+        traffic = tokens_per_replica * spec.hidden * workload.dtype_bytes * 2 * (parallel.t - 1) / parallel.t
+        tp_comm = all_reduces * (traffic / hw.link_bandwidth(parallel.t) + micro_batches * hw.collective_latency_s)
+    return compute * bubble + tp_comm
+
+
+def training_s(spec: ModelSpec, parallel: Parallelism, workload: Workload, hw: HardwareProfile) -> float:
+    """One update stage: forward + backward (3 forward-equivalents) per epoch, then the gradient all-reduce."""
+    step = _forward_s(spec, parallel, workload, hw, workload.sequences, hw.train_efficiency,
+                      3.0 * workload.update_epochs)
+    grads = spec.params * workload.dtype_bytes / (parallel.t * parallel.p)
+    all_reduce = 2 * (parallel.d - 1) / parallel.d * grads / hw.link_bandwidth(parallel.devices) if parallel.d > 1 \
+        else 0.0
+    return step + all_reduce * workload.update_epochs + hw.call_overhead_s
+
+
+def inference_s(spec: ModelSpec, parallel: Parallelism, workload: Workload, hw: HardwareProfile) -> float:
+    """One forward pass over the iteration's sequences (log-probs, values, scores)."""
+    return _forward_s(spec, parallel, workload, hw, workload.sequences, hw.infer_efficiency) + hw.call_overhead_s
+
+
+def generation_s(spec: ModelSpec, parallel: Parallelism, workload: Workload, hw: HardwareProfile,
+                 free_bytes: float) -> float:
+    """Prefill plus memory-bound decoding on ``d * t / tg`` replicas of TP ``tg``; ``inf`` if no sequence fits.
+
+    ``free_bytes`` per device is what the colocated models leave; the generation shard's extra weights
+    (M/tg - M/t) and the KV cache come out of it.
+    """
+    tg, replicas = parallel.tg, parallel.devices // parallel.tg
+    weights = spec.params * workload.dtype_bytes / tg
+    kv_budget = free_bytes - (weights - spec.params * workload.dtype_bytes / (parallel.t * parallel.p))
+    kv_per_sequence = spec.kv_bytes_per_token(workload.dtype_bytes) / tg * workload.sequence_tokens
+    max_batch = int(kv_budget // kv_per_sequence) if kv_budget > 0 else 0
+    if max_batch < 1:
+        return math.inf
+    per_replica = math.ceil(workload.sequences / replicas)
+    waves, rate = math.ceil(per_replica / max_batch), hw.flops * hw.infer_efficiency
+    batch = math.ceil(per_replica / waves)
+    prefill = batch * workload.prompt_tokens * spec.flops_per_token(workload.prompt_tokens // 2) / (tg * rate)
+    context = workload.prompt_tokens + workload.response_tokens / 2  # mean KV length while decoding
+    read = weights + batch * spec.kv_bytes_per_token(workload.dtype_bytes) / tg * context
+    compute = batch * spec.flops_per_token(int(context)) / (tg * rate)
+    tp_calls = 2 * spec.layers * hw.collective_latency_s if tg > 1 else 0.0
+    step = max(read / (hw.memory_bandwidth * hw.bandwidth_efficiency), compute) + hw.decode_step_overhead_s + tp_calls
+    return waves * (prefill + workload.response_tokens * step) + hw.call_overhead_s
+
+
+def reshard_s(spec: ModelSpec, parallel: Parallelism, workload: Workload, hw: HardwareProfile) -> float:
+    """The actor's training-to-generation transition: Table 2's HybridFlow bytes over the micro-DP links."""
+    layout = HybridLayout(parallel.t, parallel.tg, parallel.d)
+    moved = formula_bytes_per_rank("hybridflow", layout, spec.params * workload.dtype_bytes)
+    return moved / hw.link_bandwidth(parallel.t) if moved else 0.0
+
+
+def model_cost(role: str, spec: ModelSpec, parallel: Parallelism, workload: Workload, hw: HardwareProfile,
+               free_bytes: float) -> ModelCost:
+    """What ``role`` costs in each stage on ``parallel`` with ``free_bytes`` per device left for a KV cache."""
+    stages = dict.fromkeys(workload.stages, 0.0)
+    if role == "actor":
+        stages["generation"] = generation_s(spec, parallel, workload, hw, free_bytes) + \
+            reshard_s(spec, parallel, workload, hw)
+    stages["preparation"] = inference_s(spec, parallel, workload, hw)
+    if role in TRAINED:
+        stages["training"] = training_s(spec, parallel, workload, hw)
+    return ModelCost(role, parallel, stages, resident_bytes(role, spec, parallel, workload))

@@ -1,0 +1,117 @@
+"""The auto-mapping search and its simulator: enumeration, d_cost, memory, scaling, the Lab's restrictions."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from hybridflow_lab import cli
+from hybridflow_lab.hybrid import HybridLayout, formula_bytes_per_rank
+from hybridflow_lab.models import create_model_dir
+from hybridflow_lab.placement.automap import AutoMapper, ColocatedSet, compositions, plan_of, set_partitions
+from hybridflow_lab.placement.hardware import PROFILES, HardwareProfile, get_profile
+from hybridflow_lab.placement.report import compare_with_paper, plans_table
+from hybridflow_lab.placement.simulator import ModelCost, Parallelism, generation_s, reshard_s, training_s
+from hybridflow_lab.placement.workload import LLAMA, Workload
+
+A100 = PROFILES["a100-80gb"]
+
+
+@pytest.mark.parametrize(("items", "bell"), [(1, 1), (2, 2), (3, 5), (4, 15), (5, 52)])
+def test_colocation_sets_are_the_set_partitions(items, bell):
+    names = "abcde"[:items]
+    partitions = list(set_partitions(names))
+    assert len(partitions) == bell
+    assert len({tuple(sorted(p)) for p in partitions}) == bell
+    assert all(sorted(x for group in p for x in group) == list(names) for p in partitions)
+
+
+def test_device_allocations_respect_minimums_and_units():
+    splits = list(compositions(32, 3, [8, 8, 16], 8))
+    assert splits == [(8, 8, 16)]
+    assert set(compositions(4, 2, [1, 1], 1)) == {(1, 3), (2, 2), (3, 1)}
+
+
+def test_d_cost_adds_within_a_set_and_takes_the_slowest_set_per_stage():
+    def cost(role, generation, preparation, training):
+        stages = {"generation": generation, "preparation": preparation, "training": training}
+        return ModelCost(role, Parallelism(), stages, 0.0)
+
+    actor_set = ColocatedSet(("actor", "reference"), 8, (cost("actor", 10, 2, 5), cost("reference", 0, 3, 0)))
+    critic_set = ColocatedSet(("critic",), 8, (cost("critic", 0, 6, 4),))
+    plan = plan_of((actor_set, critic_set), ("generation", "preparation", "training"))
+    assert plan.stage_s == {"generation": 10, "preparation": 6, "training": 5}
+    assert plan.total_s == 21 and plan.kind == "split"
+
+
+def test_llama_shapes_have_the_published_parameter_counts():
+    assert [round(LLAMA[s].params / 1e9, 1) for s in ("7B", "13B", "34B", "70B")] == [6.7, 13.0, 33.7, 69.0]
+
+
+def test_compute_bound_training_halves_with_twice_the_data_parallel_devices():
+    workload, spec = Workload.paper_ppo("7B"), LLAMA["7B"]
+    small, large = (training_s(spec, Parallelism(8, 1, d), workload, A100) for d in (2, 4))
+    assert 0.5 < large / small < 0.6  # the gradient all-reduce does not shrink with d
+
+
+def test_generation_is_memory_bound_and_needs_room_for_a_kv_cache():
+    workload, spec = Workload.paper_ppo("7B"), LLAMA["7B"]
+    roomy = generation_s(spec, Parallelism(8, 1, 2, 2), workload, A100, 40 * 2**30)
+    cramped = generation_s(spec, Parallelism(8, 1, 2, 2), workload, A100, 6 * 2**30)
+    assert cramped > roomy  # fewer sequences per wave, more waves
+    assert generation_s(spec, Parallelism(8, 1, 2, 2), workload, A100, 2**30) == math.inf
+
+
+def test_reshard_cost_is_table_2_bytes_over_the_link():
+    workload, spec = Workload.paper_ppo("7B"), LLAMA["7B"]
+    moved = formula_bytes_per_rank("hybridflow", HybridLayout(8, 2, 2), spec.params * 2)
+    assert reshard_s(spec, Parallelism(8, 1, 2, 2), workload, A100) == pytest.approx(moved / A100.intra_node_bandwidth)
+    assert reshard_s(spec, Parallelism(8, 1, 2, 8), workload, A100) == 0.0
+
+
+def test_a_model_too_big_for_the_devices_gets_no_plan():
+    assert AutoMapper(Workload.paper_ppo("70B"), A100, 16).search() == []
+    assert "no placement fits" in plans_table([])
+
+
+def test_search_ranks_plans_and_restricts_them_as_asked():
+    mapper = AutoMapper(Workload.paper_ppo("7B"), A100, 32, together=("actor", "reference"), max_pipeline=1,
+                        tensor_parallel_roles=("actor",))
+    plans = mapper.search(top=20)
+    assert [p.total_s for p in plans] == sorted(p.total_s for p in plans)
+    for plan in plans:
+        assert any({"actor", "reference"} <= set(s.roles) for s in plan.sets)
+        assert sum(s.devices for s in plan.sets) == 32
+        for model in (c for s in plan.sets for c in s.costs):
+            assert model.parallel.p == 1 and (model.parallel.t == 1 or model.role == "actor")
+            assert model.parallel.devices == next(s.devices for s in plan.sets if model in s.costs)
+        assert all(s.memory_bytes <= A100.memory_bytes for s in plan.sets)
+    assert len(list(mapper.placements())) == 5  # the partitions of 4 models with actor and reference together
+
+
+def test_paper_comparison_covers_the_papers_cells():
+    rows = compare_with_paper(A100, sizes=("7B",), device_counts=(16,))
+    assert rows[0]["paper"] == "colocate" and rows[0]["predicted"] in ("colocate", "split", "standalone")
+    assert rows[0]["agrees"] == (rows[0]["predicted"] == "colocate")
+
+
+def test_profiles_by_name_or_calibrated_file(tmp_path):
+    path = tmp_path / "cpu.json"
+    calibrated = HardwareProfile("cpu-calibrated", 2**32, 1e10, 5e9, 1e9, 1e9, cores=2)
+    calibrated.save(path)
+    assert get_profile(str(path)) == calibrated and get_profile("h200").memory_bytes > A100.memory_bytes
+    with pytest.raises(ValueError, match="unknown hardware profile 'tpu'"):
+        get_profile("tpu")
+
+
+def test_plan_command_ranks_the_labs_placements(tmp_path, capsys):
+    model = create_model_dir(tmp_path / "m", "tiny", "qwen2", seed=0)
+    out = tmp_path / "plans.json"
+    assert cli.main(["plan", "--config", "arithmetic_grpo", f"actor.model_path={model}", "algorithm.name=ppo",
+                     "--devices", "4", "--out", str(out)]) == 0
+    assert "colocate" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["profile"] == "cpu" and report["devices"] == 4 and report["plans"]
+    assert {"actor", "critic"} <= {role for plan in report["plans"] for s in plan["sets"] for role in s["roles"]}
