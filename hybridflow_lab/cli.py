@@ -81,7 +81,8 @@ def _plan(args: argparse.Namespace) -> None:
     from hybridflow_lab.placement.automap import AutoMapper
     from hybridflow_lab.placement.hardware import get_profile
     from hybridflow_lab.placement.report import compare_with_paper, plans_table
-    from hybridflow_lab.placement.workload import Workload, workload_from_config
+    from hybridflow_lab.placement.suggest import lab_mapper
+    from hybridflow_lab.placement.workload import Workload
     from hybridflow_lab.trainer.lab import check_config
     from hybridflow_lab.trainer.presets import resolve_config
 
@@ -96,12 +97,10 @@ def _plan(args: argparse.Namespace) -> None:
     else:
         if args.paper_model:  # the paper's PPO setting, no Lab restrictions
             mapper = AutoMapper(Workload.paper_ppo(args.paper_model), profile, args.devices)
-        elif args.config:  # what the Lab can run: reference and reward inside the actor's ranks, TP for the actor
+        elif args.config:  # what the Lab can run
             config = resolve_config(args.config, args.overrides)
             check_config(config)
-            mapper = AutoMapper(workload_from_config(config), profile, args.devices,
-                                together=("actor", "reference", "reward"), max_pipeline=1,
-                                tensor_parallel_roles=("actor",))
+            mapper = lab_mapper(config, args.devices, profile)
         else:
             raise SystemExit("hybridflow-lab plan: give --config, --paper-model or --paper")
         plans = mapper.search(args.top)

@@ -14,7 +14,9 @@ from hybridflow_lab.placement.automap import AutoMapper, ColocatedSet, compositi
 from hybridflow_lab.placement.hardware import PROFILES, HardwareProfile, get_profile
 from hybridflow_lab.placement.report import compare_with_paper, plans_table
 from hybridflow_lab.placement.simulator import ModelCost, Parallelism, generation_s, reshard_s, training_s
+from hybridflow_lab.placement.suggest import suggest
 from hybridflow_lab.placement.workload import LLAMA, Workload
+from hybridflow_lab.trainer.presets import resolve_config
 
 A100 = PROFILES["a100-80gb"]
 
@@ -115,3 +117,15 @@ def test_plan_command_ranks_the_labs_placements(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["profile"] == "cpu" and report["devices"] == 4 and report["plans"]
     assert {"actor", "critic"} <= {role for plan in report["plans"] for s in plan["sets"] for role in s["roles"]}
+
+
+def test_suggestions_are_valid_lab_placements(tmp_path):
+    model = create_model_dir(tmp_path / "m", "standard", "qwen2", seed=0)
+    config = resolve_config("arithmetic_grpo", [f"actor.model_path={model}", "algorithm.name=ppo"])
+    suggestions = suggest(config, 4)
+    assert suggestions and [s.estimated_step_s for s in suggestions] == sorted(s.estimated_step_s for s in suggestions)
+    for suggestion in suggestions:
+        placed = suggestion.plan.apply(config)  # passes the config validation
+        assert placed.actor.pool == "main" and placed.actor.ranks + (
+            placed.critic.ranks if placed.critic.pool != "main" else 0) <= 4
+        assert placed.actor.engine.tensor_parallel == 1 or placed.actor.engine.backend == "torch"

@@ -8,7 +8,7 @@ import pytest
 
 from hybridflow_lab.config import ConfigError
 from hybridflow_lab.models import create_model_dir
-from hybridflow_lab.placement import PlacementPlan, Suggestion
+from hybridflow_lab.placement import Placement, Suggestion
 from hybridflow_lab.telemetry import Phase, Span
 from hybridflow_lab.trainer.lab import Lab
 from hybridflow_lab.trainer.presets import resolve_config
@@ -36,19 +36,19 @@ def control(board, description):
 
 def test_a_plan_round_trips_through_config_overrides(model_dir):
     config = ppo_config(model_dir)
-    plan = PlacementPlan.from_config(config)
+    plan = Placement.from_config(config)
     assert plan.pools == {"main": 2} and plan.assignment == {"actor": "main", "critic": "main"}
     assert plan.device_map() == [("main", ["actor", "critic"])] * 2
     split = plan.with_changes(pools={"main": 2, "critic": 1}, assignment={"actor": "main", "critic": "critic"})
     placed = split.apply(config)
     assert (placed.critic.pool, placed.critic.ranks, placed.actor.ranks) == ("critic", 1, 2)
-    assert PlacementPlan.from_config(placed) == split
+    assert Placement.from_config(placed) == split
     assert split.devices_needed() == 3 and split.device_map()[2] == ("critic", ["critic"])
 
 
 def test_only_valid_sizes_are_offered_and_invalid_plans_say_why(model_dir):
     config = ppo_config(model_dir)
-    plan = PlacementPlan.from_config(config)
+    plan = Placement.from_config(config)
     # 64 sequences per optimizer step in micro-batches of 32 per rank: 1 or 2 ranks work, 3..8 do not
     assert plan.pool_size_choices(config, 8, "main") == [1, 2]
     assert plan.tensor_parallel_choices(config, 8) == [1]  # the built-in engine generates with TP 1
@@ -77,7 +77,7 @@ def test_the_board_offers_valid_choices_and_applies_to_a_lab_before_start(model_
     assert board.applied[-1] == board.plan.overrides() and not lab.groups  # not started: nothing to restart
     board.set_plan(board.plan.with_changes(pools={"main": 2, "critic": 3}))
     assert board.apply_button.disabled and "cannot run" in board.status.value
-    plan = PlacementPlan.from_config(lab.config).with_changes(pools={"main": 1, "critic": 1})
+    plan = Placement.from_config(lab.config).with_changes(pools={"main": 1, "critic": 1})
     board.show_suggestions([Suggestion("one slot each", plan, 1.5)])
     board.suggestions.children[0].click()
     assert board.plan == plan and board.suggestions.children[0].description == "1. one slot each (~1.50 s)"

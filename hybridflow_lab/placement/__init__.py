@@ -1,5 +1,5 @@
-"""Placement: which device pool each model runs on, and its parallel sizes."""
+"""Placement: which device pool each model runs on, its parallel sizes, and the auto-mapping search."""
 
-from hybridflow_lab.placement.plan import PlacementPlan, Suggestion
+from hybridflow_lab.placement.plan import ModelSizes, Placement, Suggestion
 
-__all__ = ["PlacementPlan", "Suggestion"]
+__all__ = ["ModelSizes", "Placement", "Suggestion"]

@@ -9,7 +9,8 @@ memory-bound decoding. The CPU profile describes this machine: its rates come fr
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 
@@ -79,3 +80,17 @@ def get_profile(name_or_path: str) -> HardwareProfile:
     raise ValueError(f"unknown hardware profile {name_or_path!r}; profiles: {', '.join(PROFILES)}, or a JSON file "
                      "written by `hybridflow-lab plan --calibrate`")
 
+
+
+def machine_profile(devices: int) -> HardwareProfile:
+    """This machine: its GPU's memory with the nearest named profile's rates, or its RAM shared by ``devices``
+    CPU ranks (the uncalibrated CPU rates)."""
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        nearest = min((p for p in PROFILES.values() if p.cores == 0),
+                      key=lambda p: abs(p.memory_bytes - props.total_memory))
+        return replace(nearest, name=props.name, memory_bytes=float(props.total_memory))
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return replace(PROFILES["cpu"], memory_bytes=ram / max(1, devices))

@@ -1,54 +1,237 @@
-"""A placement plan: pools of device slots, the pool each trained model runs on, and parallel sizes.
+"""A placement: device pools, the pool each model runs on, and each model's parallel sizes.
 
-The plan is a view of a ``LabConfig`` that widgets (and the auto-mapping search) edit: it turns
-back into dotted overrides, and ``problem`` says why a combination cannot work (the config
-validation's message, or too few devices). The reference policy and a reward model run inside
-the actor's ranks, so they follow the actor's pool.
+``Placement`` is what the placement board edits, what the auto-mapping search proposes and what
+``Lab(config, placement=...)`` runs. It checks itself before any worker starts: sizes divide the
+pools, the models on a pool fit in a device's memory (``check_memory``), and, for a Lab, what the
+Lab can run (``apply``: the reference and reward models inside the actor's ranks, no pipeline
+parallelism, tensor-parallel training for the actor only). It prints as a table and round-trips
+through YAML.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from hybridflow_lab.config import ConfigError, LabConfig
+from hybridflow_lab.placement.hardware import HardwareProfile
+from hybridflow_lab.placement.simulator import MEMORY_RESERVE, Parallelism, resident_bytes
+from hybridflow_lab.placement.workload import ROLES, Workload
 from hybridflow_lab.trainer.lab import check_config, trained_roles
 from hybridflow_lab.trainer.presets import resolve_config
+
+GIB = 2**30
+INSIDE_ACTOR = ("reference", "reward", "cost")  # the Lab runs these in the actor's processes
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """Training TP ``t`` and pipeline ``p`` (data parallel fills the pool); generation ``tg`` and ``pg`` (actor)."""
+
+    t: int = 1
+    p: int = 1
+    tg: int = 1
+    pg: int = 1
 
 
 @dataclass(frozen=True)
 class Suggestion:
-    """A ranked placement proposal (filled by the auto-mapping search): a label, the plan, its estimated cost."""
+    """A ranked placement proposal (from the auto-mapping search): a label, the placement, its estimated cost."""
 
     label: str
-    plan: PlacementPlan
+    plan: Placement
     estimated_step_s: float
 
 
 @dataclass(frozen=True)
-class PlacementPlan:
-    """``pools`` maps a pool name to its slot count; ``assignment`` maps each trained role to a pool."""
+class Placement:
+    """``pools``: device count per pool name; ``assignment``: model -> pool; ``sizes``: model -> parallel sizes.
+
+    ``engines`` and ``zero_stages`` hold the trained models' training backends; ``devices_per_node``
+    (0: one node) says where a pool's devices sit.
+    """
 
     pools: dict[str, int]
     assignment: dict[str, str]
-    actor_tensor_parallel: int = 1  # training TP (the paper's t)
-    rollout_tensor_parallel: int = 1  # generation TP (tg)
-    engines: dict[str, str] = field(default_factory=dict)  # role -> train backend (torch | deepspeed | fsdp)
-    zero_stages: dict[str, int] = field(default_factory=dict)  # role -> ZeRO stage (deepspeed only)
+    sizes: dict[str, ModelSizes] = field(default_factory=dict)
+    engines: dict[str, str] = field(default_factory=dict)
+    zero_stages: dict[str, int] = field(default_factory=dict)
+    devices_per_node: int = 0
 
+    # ------------------------------------------------------------------ building
     @classmethod
-    def from_config(cls, config: LabConfig) -> PlacementPlan:
+    def from_config(cls, config: LabConfig) -> Placement:
+        """The placement a config describes: trained roles on their pools, the reference/reward on the actor's."""
         roles = trained_roles(config)
-        return cls(pools=config.pool_slots(roles), assignment={role: getattr(config, role).pool for role in roles},
-                   actor_tensor_parallel=config.actor.engine.tensor_parallel,
-                   rollout_tensor_parallel=config.rollout.tensor_parallel,
+        assignment = {role: getattr(config, role).pool for role in roles}
+        inside = (["reference"] if config.algorithm.kl_coef > 0 else []) + (["reward"] if config.reward_model_path
+                                                                            else [])
+        assignment.update(dict.fromkeys(inside, config.actor.pool))
+        actor = ModelSizes(t=config.actor.engine.tensor_parallel, tg=config.rollout.tensor_parallel)
+        sizes = {"actor": actor, **({"reference": ModelSizes(t=actor.t, tg=actor.t)} if "reference" in inside else {})}
+        return cls(pools=config.pool_slots(roles), assignment=assignment, sizes=sizes,
                    engines={role: getattr(config, role).engine.backend for role in roles},
                    zero_stages={role: getattr(config, role).engine.zero_stage for role in roles})
 
+    @classmethod
+    def colocate_all(cls, models: tuple[str, ...], devices: int) -> Placement:
+        """The paper's "colocate": every model on one pool of ``devices``."""
+        return cls({"main": devices}, dict.fromkeys(models, "main"))
+
+    @classmethod
+    def split(cls, models: tuple[str, ...], actor_devices: int, critic_devices: int) -> Placement:
+        """The paper's "split": actor and reference on one pool, critic and reward (and cost) on another."""
+        return cls({"main": actor_devices, "critic": critic_devices},
+                   {m: "main" if m in ("actor", "reference") else "critic" for m in models})
+
+    @classmethod
+    def standalone(cls, devices: dict[str, int]) -> Placement:
+        """The paper's "standalone": each model on its own pool of ``devices[model]``."""
+        return cls(dict(devices), {model: model for model in devices})
+
+    def with_changes(self, **changes: Any) -> Placement:
+        return replace(self, **changes)
+
+    def with_sizes(self, model: str, **sizes: int) -> Placement:
+        """This placement with some of ``model``'s parallel sizes changed."""
+        return replace(self, sizes={**self.sizes, model: replace(self.size_of(model), **sizes)})
+
+    # ------------------------------------------------------------------ reading
+    def size_of(self, model: str) -> ModelSizes:
+        return self.sizes.get(model, ModelSizes())
+
+    def parallelism(self, model: str) -> Parallelism:
+        """``model``'s sizes with data parallel filling its pool (checked by ``check_sizes``)."""
+        sizes, devices = self.size_of(model), self.pools[self.assignment[model]]
+        return Parallelism(sizes.t, sizes.p, max(1, devices // (sizes.t * sizes.p)), sizes.tg)
+
+    def used_pools(self) -> dict[str, list[str]]:
+        """Each pool that has models, with its models in assignment order."""
+        used: dict[str, list[str]] = {}
+        for model, pool in self.assignment.items():
+            used.setdefault(pool, []).append(model)
+        return used
+
+    def devices_needed(self) -> int:
+        return sum(self.pools[pool] for pool in self.used_pools())
+
+    def device_map(self) -> list[tuple[str, list[str]]]:
+        """Pools laid out on consecutive device slots: ``(pool, models)`` for slot 0, 1, ..."""
+        return [(pool, models) for pool, models in self.used_pools().items() for _ in range(self.pools[pool])]
+
+    def pool_summary(self) -> str:
+        return ", ".join(f"{pool}: {self.pools[pool]}" for pool in self.used_pools())
+
+    def table(self) -> str:
+        """One line per model: its pool, devices and parallel sizes."""
+        header = ("model", "pool", "devices", "t", "p", "d", "tg", "pg", "engine")
+        rows = [header] + [
+            (model, pool, str(self.pools[pool]), *map(str, (par.t, par.p, par.d, par.tg, self.size_of(model).pg)),
+             self.engines.get(model, "-"))
+            for model, pool in self.assignment.items() for par in [self.parallelism(model)]]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+    def _repr_html_(self) -> str:
+        lines = self.table().splitlines()
+        cells = [line.split() for line in lines]
+        head = "".join(f"<th>{c}</th>" for c in cells[0])
+        body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in cells[1:])
+        return f"<table class='hybridflow-placement'><tr>{head}</tr>{body}</table>"
+
+    # ------------------------------------------------------------------ YAML
+    def to_dict(self) -> dict[str, Any]:
+        return {"pools": dict(self.pools), "assignment": dict(self.assignment),
+                "sizes": {m: asdict(s) for m, s in self.sizes.items()}, "engines": dict(self.engines),
+                "zero_stages": dict(self.zero_stages), "devices_per_node": self.devices_per_node}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Placement:
+        known = {"pools", "assignment", "sizes", "engines", "zero_stages", "devices_per_node"}
+        if unknown := set(data) - known:
+            raise ConfigError("placement", f"unknown keys {sorted(unknown)}; a placement has {sorted(known)}")
+        sizes = {m: ModelSizes(**s) for m, s in (data.get("sizes") or {}).items()}
+        return cls(dict(data["pools"]), dict(data["assignment"]), sizes, dict(data.get("engines") or {}),
+                   dict(data.get("zero_stages") or {}), int(data.get("devices_per_node", 0)))
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_yaml(cls, text_or_path: str | Path) -> Placement:
+        """A placement from YAML text or a ``.yaml`` file."""
+        is_file = isinstance(text_or_path, Path) or str(text_or_path).endswith((".yaml", ".yml"))
+        text = Path(text_or_path).read_text() if is_file else str(text_or_path)
+        return cls.from_dict(yaml.safe_load(text))
+
+    # ------------------------------------------------------------------ checks
+    def check_sizes(self) -> None:
+        """Every model on a known pool whose devices its ``t * p`` divide, and ``tg * pg`` dividing ``t * p``."""
+        for model, pool in self.assignment.items():
+            if model not in ROLES:
+                raise ConfigError(f"placement.{model}", f"unknown model; models are {ROLES}")
+            if pool not in self.pools or self.pools[pool] < 1:
+                raise ConfigError(f"placement.{model}", f"pool {pool!r} has no devices; pools: {self.pools}")
+            sizes, devices = self.size_of(model), self.pools[pool]
+            if devices % (sizes.t * sizes.p):
+                usable = [n for n in range(1, devices + 1) if devices % n == 0]
+                raise ConfigError(f"placement.{model}", f"t*p = {sizes.t * sizes.p} does not divide the {devices} "
+                                  f"devices of pool {pool!r}; use t*p in {usable}")
+            if (sizes.t * sizes.p) % (sizes.tg * sizes.pg):
+                raise ConfigError(f"placement.{model}", f"tg*pg = {sizes.tg * sizes.pg} does not divide t*p = "
+                                  f"{sizes.t * sizes.p}: each generation shard must be whole training shards")
+
+    def check_memory(self, workload: Workload, hardware: HardwareProfile) -> None:
+        """Each pool's models fit in one device's memory, with room for the actor's generation shard and one
+        sequence of KV cache; the error names the pool, each model's share and the device's usable bytes."""
+        self.check_sizes()
+        capacity = hardware.memory_bytes * MEMORY_RESERVE
+        for pool, models in self.used_pools().items():
+            needs = {m: resident_bytes(m, workload.models[m], self.parallelism(m), workload)
+                     for m in models if m in workload.models}
+            if "actor" in needs:
+                actor, par = workload.models["actor"], self.parallelism("actor")
+                needs["actor"] += actor.params * workload.dtype_bytes * (1 / par.tg - 1 / (par.t * par.p)) + \
+                    actor.kv_bytes_per_token(workload.dtype_bytes) * workload.sequence_tokens / par.tg
+            total = sum(needs.values())
+            if total > capacity:
+                shares = ", ".join(f"{m} {self.parallelism(m).label()} {b / GIB:.2f} GiB" for m, b in needs.items())
+                raise ConfigError(f"placement.{pool}", f"the models on pool {pool!r} need {total / GIB:.2f} GiB"
+                                  f" per device ({shares}) but a {hardware.name} device has {capacity / GIB:.2f} "
+                                  "GiB usable; give the pool more devices, raise t or p, or move a model to "
+                                  "another pool")
+
+    def check_lab(self) -> None:
+        """What the Lab can run: reference/reward/cost inside the actor's ranks, no pipeline, TP only for the actor."""
+        self.check_sizes()
+        actor_pool = self.assignment.get("actor")
+        for model, pool in self.assignment.items():
+            sizes = self.size_of(model)
+            if sizes.p > 1 or sizes.pg > 1:
+                raise ConfigError(f"placement.{model}", "the Lab has no pipeline parallelism; use p=1 and pg=1 "
+                                  "(the simulator and `hybridflow-lab plan --paper-model` model it)")
+            if model in INSIDE_ACTOR and pool != actor_pool:
+                raise ConfigError(f"placement.{model}", f"the Lab runs the {model} model inside the actor's ranks; "
+                                  f"place it on the actor's pool {actor_pool!r}")
+            if model == "reference" and sizes.t != self.size_of("actor").t:
+                raise ConfigError("placement.reference", f"the reference is sharded like the actor (t="
+                                  f"{self.size_of('actor').t}); set its t to the actor's")
+
+    # ------------------------------------------------------------------ the Lab's config
     def overrides(self) -> list[str]:
-        """The dotted overrides that turn a config into this plan."""
-        items = [f"actor.engine.tensor_parallel={self.actor_tensor_parallel}",
-                 f"rollout.tensor_parallel={self.rollout_tensor_parallel}"]
-        for role, pool in self.assignment.items():
+        """The dotted overrides that turn a Lab config into this placement."""
+        actor = self.size_of("actor")
+        items = [f"actor.engine.tensor_parallel={actor.t}", f"rollout.tensor_parallel={actor.tg}"]
+        for role in ("actor", "critic"):
+            if role not in self.assignment:
+                continue
+            pool = self.assignment[role]
             items += [f"{role}.pool={pool}", f"{role}.ranks={self.pools[pool]}"]
             if role in self.engines:
                 items.append(f"{role}.engine.backend={self.engines[role]}")
@@ -56,31 +239,15 @@ class PlacementPlan:
                 items.append(f"{role}.engine.zero_stage={self.zero_stages[role]}")
         return items
 
-    def used_pools(self) -> dict[str, list[str]]:
-        """Each pool that has roles, with its roles in assignment order."""
-        used: dict[str, list[str]] = {}
-        for role, pool in self.assignment.items():
-            used.setdefault(pool, []).append(role)
-        return used
-
-    def devices_needed(self) -> int:
-        return sum(self.pools[pool] for pool in self.used_pools())
-
-    def device_map(self) -> list[tuple[str, list[str]]]:
-        """Pools laid out on consecutive device slots: ``(pool, roles)`` for slot 0, 1, ..."""
-        return [(pool, roles) for pool, roles in self.used_pools().items() for _ in range(self.pools[pool])]
-
-    def with_changes(self, **changes: object) -> PlacementPlan:
-        return replace(self, **changes)
-
     def apply(self, config: LabConfig) -> LabConfig:
         """``config`` with this placement; raises ``ConfigError`` when it cannot work."""
+        self.check_lab()
         placed = resolve_config(config, self.overrides())
         check_config(placed)
         return placed
 
     def problem(self, config: LabConfig, devices: int) -> str | None:
-        """Why this plan cannot run on ``devices`` slots with ``config``, or None when it can."""
+        """Why this placement cannot run on ``devices`` slots with ``config``, or None when it can."""
         if self.devices_needed() > devices:
             return (f"the pools need {self.devices_needed()} device slots ({self.pool_summary()}) but there are "
                     f"{devices}; shrink a pool or colocate roles on one pool")
@@ -90,17 +257,20 @@ class PlacementPlan:
             return str(error)
         return None
 
-    def pool_summary(self) -> str:
-        return ", ".join(f"{pool}: {self.pools[pool]}" for pool in self.used_pools())
-
     def pool_size_choices(self, config: LabConfig, devices: int, pool: str) -> list[int]:
-        """The slot counts of ``pool`` that make a valid plan, the other settings unchanged."""
+        """The slot counts of ``pool`` that make a valid placement, the other settings unchanged."""
         return [size for size in range(1, devices + 1)
                 if self.with_changes(pools={**self.pools, pool: size}).problem(config, devices) is None]
 
-    def tensor_parallel_choices(self, config: LabConfig, devices: int, which: str = "rollout") -> list[int]:
-        """The generation (``which="rollout"``) or training (``"actor"``) tensor-parallel sizes that make a valid
-        plan."""
+    def tensor_parallel_choices(self, config: LabConfig, devices: int, which: str = "tg") -> list[int]:
+        """The actor's generation (``which="tg"``) or training (``"t"``) TP sizes that make a valid placement."""
         actor_slots = self.pools[self.assignment["actor"]]
         return [tp for tp in range(1, actor_slots + 1)
-                if self.with_changes(**{f"{which}_tensor_parallel": tp}).problem(config, devices) is None]
+                if self.with_actor_tp(which, tp).problem(config, devices) is None]
+
+    def with_actor_tp(self, which: str, tp: int) -> Placement:
+        """The actor's ``t`` or ``tg`` set to ``tp``; the reference follows the actor's ``t``."""
+        placement = self.with_sizes("actor", **{which: tp})
+        if which == "t" and "reference" in self.assignment:
+            placement = placement.with_sizes("reference", t=tp, tg=tp)
+        return placement

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -41,12 +41,25 @@ from hybridflow_lab.trainer.task_setup import build_task
 from hybridflow_lab.workers import ActorWorker, CriticWorker, RewardModelWorker, rule_scores
 from hybridflow_lab.workers.reward import token_level
 
+if TYPE_CHECKING:
+    from hybridflow_lab.placement import Placement
+
 TRAINING_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 
 
 def trained_roles(config: LabConfig) -> tuple[str, ...]:
     """The roles with their own ``RoleConfig`` (model, pool, ranks, engine) under ``config``'s algorithm."""
     return ("actor", "critic") if uses_critic(config) else ("actor",)
+
+
+def place(config: LabConfig, placement: Placement) -> LabConfig:
+    """``config`` run with ``placement``, after checking it and that its pools fit this machine's memory."""
+    from hybridflow_lab.placement.hardware import machine_profile
+    from hybridflow_lab.placement.workload import workload_from_config
+
+    placed = placement.apply(config)
+    placement.check_memory(workload_from_config(placed), machine_profile(placement.devices_needed()))
+    return placed
 
 
 def check_config(config: LabConfig) -> None:
@@ -59,9 +72,12 @@ class Lab:
     """An RL run: config, task, worker groups and the state between steps."""
 
     def __init__(self, config: LabConfig | str | os.PathLike[str] | None = None, *, overrides: tuple[str, ...] = (),
-                 name: str | None = None, start: bool = True, resume: bool = False) -> None:
+                 name: str | None = None, start: bool = True, resume: bool = False,
+                 placement: Placement | None = None) -> None:
         self.config = resolve_config(config, overrides)
         check_config(self.config)
+        if placement is not None:
+            self.config = place(self.config, placement)
         self.name = name or Path(self.config.trainer.run_dir).name
         self.run_dir = Path(self.config.trainer.run_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.actor.model_path, local_files_only=True)
@@ -114,6 +130,13 @@ class Lab:
             self.load()
         else:  # a fresh run in a used directory: earlier runs' metrics would mix into this one's
             self.log.truncate_after(self.step_index)
+
+    @property
+    def placement(self) -> Placement:
+        """Where the models run and their parallel sizes (prints as a table; ``to_yaml()`` saves it)."""
+        from hybridflow_lab.placement import Placement
+
+        return Placement.from_config(self.config)
 
     @property
     def trained_roles(self) -> tuple[str, ...]:
@@ -377,10 +400,12 @@ class Lab:
         return self._dashboard
 
     def placement_board(self, **options: Any) -> Any:
-        """Widgets to place the models on device pools and set their parallel sizes (``ui.PlacementBoard``)."""
+        """Widgets to place the models on device pools and set their parallel sizes (``ui.PlacementBoard``); its
+        Suggest button ranks placements with the auto-mapping search (``placement.suggest``)."""
+        from hybridflow_lab.placement.suggest import suggest
         from hybridflow_lab.ui import PlacementBoard
 
-        return PlacementBoard(self, **options)
+        return PlacementBoard(self, **{"suggest": suggest, **options})
 
     # --------------------------------------------------------------- checkpoints
     def _trained_groups(self) -> dict[str, WorkerGroup]:

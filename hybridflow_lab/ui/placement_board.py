@@ -15,7 +15,7 @@ import ipywidgets as widgets
 
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.engines import TRAIN_BACKENDS
-from hybridflow_lab.placement import PlacementPlan, Suggestion
+from hybridflow_lab.placement import Placement, Suggestion
 
 if TYPE_CHECKING:
     from hybridflow_lab.trainer.lab import Lab
@@ -25,7 +25,7 @@ ROLE_COLORS = {"actor": "#4c78a8", "critic": "#f58518"}
 ROLE_NOTES = {"actor": "actor + rollout + reference", "critic": "critic"}
 
 
-def device_grid_html(plan: PlacementPlan, devices: int) -> str:
+def device_grid_html(plan: Placement, devices: int) -> str:
     """One box per device slot: its pool and the roles whose ranks run there; free slots greyed."""
     boxes = []
     for slot, (pool, roles) in enumerate(plan.device_map()):
@@ -38,7 +38,7 @@ def device_grid_html(plan: PlacementPlan, devices: int) -> str:
     return f"<div class='hybridflow-devices' style='display:flex;flex-wrap:wrap;gap:4px'>{''.join(boxes)}</div>"
 
 
-def default_devices(plan: PlacementPlan) -> int:
+def default_devices(plan: Placement) -> int:
     """GPUs in the Ray cluster when there are some; otherwise 8 logical CPU slots (at least what the plan uses)."""
     import ray
 
@@ -51,7 +51,7 @@ class PlacementBoard:
 
     def __init__(self, lab: Lab, devices: int | None = None, suggest: Suggester | None = None) -> None:
         self.lab = lab
-        self.plan = PlacementPlan.from_config(lab.config)
+        self.plan = Placement.from_config(lab.config)
         self.devices = devices or default_devices(self.plan)
         self.suggest = suggest
         self.applied: list[list[str]] = []  # the overrides of every Apply, oldest first
@@ -72,7 +72,7 @@ class PlacementBoard:
         self._render()
 
     # ------------------------------------------------------------ editing
-    def set_plan(self, plan: PlacementPlan) -> None:
+    def set_plan(self, plan: Placement) -> None:
         self.plan = plan
         self._render()
 
@@ -86,12 +86,10 @@ class PlacementBoard:
             rows.append(self._choice(f"pool {pool} slots", sizes, self.plan.pools[pool],
                                      lambda size, pool=pool: self.plan.with_changes(pools={**self.plan.pools,
                                                                                            pool: size})))
-        for which, label in (("actor", "training TP"), ("rollout", "generation TP")):
-            field = f"{which}_tensor_parallel"
-            current = getattr(self.plan, field)
+        for which, label in (("t", "training TP"), ("tg", "generation TP")):
+            current = getattr(self.plan.size_of("actor"), which)
             sizes = self.plan.tensor_parallel_choices(config, self.devices, which) or [current]
-            rows.append(self._choice(label, sizes, current,
-                                     lambda tp, field=field: self.plan.with_changes(**{field: tp})))
+            rows.append(self._choice(label, sizes, current, lambda tp, which=which: self.plan.with_actor_tp(which, tp)))
         self.controls.children = rows
         self.grid.value = device_grid_html(self.plan, self.devices)
         problem = self.plan.problem(config, self.devices)
@@ -123,7 +121,7 @@ class PlacementBoard:
                                              assignment={**self.plan.assignment, role: pool}))
 
     def _choice(self, label: str, options: list[int], value: int,
-                to_plan: Callable[[int], PlacementPlan]) -> widgets.Widget:
+                to_plan: Callable[[int], Placement]) -> widgets.Widget:
         buttons = widgets.ToggleButtons(options=options, value=value if value in options else options[0],
                                         description=label, style={"description_width": "140px", "button_width": "40px"})
         buttons.observe(lambda change: self.set_plan(to_plan(change["new"])), names="value")
@@ -141,7 +139,7 @@ class PlacementBoard:
             self.status.value = f"<span style='color:#b00'>not applied: {html.escape(str(error))}</span>"
             raise
         self.applied.append(overrides)
-        self.plan = PlacementPlan.from_config(self.lab.config)
+        self.plan = Placement.from_config(self.lab.config)
         self._render()
         restarted = " and restarted the worker groups" if running else ""
         self.status.value = f"applied{restarted}: {html.escape(self.plan.pool_summary())}"

@@ -1,0 +1,51 @@
+"""Ranked suggestions for a Lab: the auto-mapping search restricted to what the Lab runs, as placement plans.
+
+The Lab keeps the reference and reward models inside the actor's ranks, has no pipeline parallelism,
+and trains only the actor tensor-parallel (with the torch engine), so the search runs with those limits.
+"""
+
+from __future__ import annotations
+
+from hybridflow_lab.config import LabConfig
+from hybridflow_lab.placement.automap import AutoMapper, MappingPlan
+from hybridflow_lab.placement.hardware import HardwareProfile, get_profile
+from hybridflow_lab.placement.plan import ModelSizes, Placement, Suggestion
+from hybridflow_lab.placement.workload import workload_from_config
+
+LAB_LIMITS = {"together": ("actor", "reference", "reward"), "max_pipeline": 1, "tensor_parallel_roles": ("actor",)}
+
+
+def lab_mapper(config: LabConfig, devices: int, hardware: HardwareProfile | str = "cpu") -> AutoMapper:
+    """The search over placements the Lab can run for ``config`` on ``devices`` device slots."""
+    profile = get_profile(hardware) if isinstance(hardware, str) else hardware
+    return AutoMapper(workload_from_config(config), profile, devices, **LAB_LIMITS)  # type: ignore[arg-type]
+
+
+def as_placement(plan: MappingPlan, config: LabConfig) -> Placement:
+    """A searched plan as a placement of ``config``'s models: one pool per colocated set, the searched sizes, and
+    the torch engine for a tensor-parallel actor."""
+    current = Placement.from_config(config)
+    pools, assignment, sizes = {}, {}, {}
+    for colocated in plan.sets:
+        pool = "main" if "actor" in colocated.roles else colocated.roles[0]
+        pools[pool] = colocated.devices
+        for cost in colocated.costs:
+            assignment[cost.role] = pool
+            sizes[cost.role] = ModelSizes(cost.parallel.t, cost.parallel.p, cost.parallel.tg)
+    engines = dict(current.engines)
+    if sizes["actor"].t > 1:
+        engines["actor"] = "torch"  # tensor-parallel training runs on the torch engine
+    return Placement(pools, assignment, sizes, engines, dict(current.zero_stages))
+
+
+def suggest(config: LabConfig, devices: int, hardware: HardwareProfile | str = "cpu",
+            top: int = 5) -> list[Suggestion]:
+    """The ``top`` placements by predicted step time that also pass the Lab's config validation."""
+    suggestions = []
+    for plan in lab_mapper(config, devices, hardware).search(top=4 * top):
+        placed = as_placement(plan, config)
+        if placed.problem(config, devices) is None:
+            actor = placed.size_of("actor")
+            suggestions.append(Suggestion(f"{plan.kind}: {placed.pool_summary()}, actor t{actor.t} tg{actor.tg}",
+                                          placed, plan.total_s))
+    return suggestions[:top]

@@ -1,0 +1,82 @@
+"""The Placement object: named layouts, YAML, the table, and the checks that run before any worker starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow_lab.config import ConfigError
+from hybridflow_lab.models import create_model_dir
+from hybridflow_lab.placement import ModelSizes, Placement
+from hybridflow_lab.placement.hardware import PROFILES
+from hybridflow_lab.placement.workload import Workload
+from hybridflow_lab.trainer.lab import Lab
+
+PAPER_MODELS = ("actor", "critic", "reference", "reward")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(create_model_dir(tmp_path_factory.mktemp("placement") / "m", "tiny", "qwen2", seed=2))
+
+
+def test_the_papers_named_layouts():
+    colocated = Placement.colocate_all(PAPER_MODELS, 16)
+    split = Placement.split(PAPER_MODELS, 64, 32)
+    standalone = Placement.standalone({"actor": 64, "critic": 32, "reference": 16, "reward": 16})
+    assert colocated.used_pools() == {"main": list(PAPER_MODELS)} and colocated.devices_needed() == 16
+    assert split.used_pools() == {"main": ["actor", "reference"], "critic": ["critic", "reward"]}
+    assert split.devices_needed() == 96 and standalone.devices_needed() == 128
+    assert standalone.parallelism("critic").d == 32
+
+
+def test_yaml_round_trip_and_table(tmp_path):
+    placement = Placement.split(PAPER_MODELS, 16, 8).with_sizes("actor", t=8, tg=2).with_sizes("critic", t=4, p=2)
+    path = tmp_path / "placement.yaml"
+    placement.to_yaml(path)
+    assert Placement.from_yaml(path) == placement == Placement.from_yaml(placement.to_yaml())
+    lines = placement.table().splitlines()
+    assert lines[0].split() == ["model", "pool", "devices", "t", "p", "d", "tg", "pg", "engine"]
+    assert lines[1].split() == ["actor", "main", "16", "8", "1", "2", "2", "1", "-"]
+    assert lines[2].split()[:6] == ["critic", "critic", "8", "4", "2", "1"]
+    assert "<table" in placement._repr_html_()
+    with pytest.raises(ConfigError, match=r"unknown keys \['gpus'\]"):
+        Placement.from_dict({**placement.to_dict(), "gpus": 8})
+
+
+def test_sizes_that_do_not_divide_the_pool_name_the_model_pool_and_number():
+    with pytest.raises(ConfigError, match=r"t\*p = 3 does not divide the 4 devices of pool 'main'") as error:
+        Placement({"main": 4}, {"actor": "main"}, {"actor": ModelSizes(t=3)}).check_sizes()
+    assert error.value.key == "placement.actor"
+    with pytest.raises(ConfigError, match=r"tg\*pg = 4 does not divide t\*p = 2"):
+        Placement({"main": 4}, {"actor": "main"}, {"actor": ModelSizes(t=2, tg=4)}).check_sizes()
+
+
+def test_memory_check_names_the_pool_each_models_share_and_the_device():
+    workload, a100 = Workload.paper_ppo("70B"), PROFILES["a100-80gb"]
+    with pytest.raises(ConfigError, match=r"pool 'main' need .* GiB per device \(actor t8 p1 d2 .* a100-80gb device "
+                                          r"has 72.00 GiB usable") as error:
+        Placement.colocate_all(PAPER_MODELS, 16).with_sizes("actor", t=8).check_memory(workload, a100)
+    assert error.value.key == "placement.main"
+    roomy = Placement.colocate_all(PAPER_MODELS, 64)
+    for model in PAPER_MODELS:
+        roomy = roomy.with_sizes(model, t=8, p=4, tg=8)
+    roomy.check_memory(workload, a100)  # 70B on 64 GPUs with t=8 p=4 fits
+
+
+def test_what_the_lab_cannot_run_fails_with_the_fix():
+    apart = Placement({"main": 2, "ref": 2}, {"actor": "main", "reference": "ref"})
+    with pytest.raises(ConfigError, match="inside the actor's ranks; place it on the actor's pool 'main'"):
+        apart.check_lab()
+    with pytest.raises(ConfigError, match="the Lab has no pipeline parallelism"):
+        Placement({"main": 2}, {"actor": "main"}, {"actor": ModelSizes(p=2)}).check_lab()
+
+
+def test_a_lab_runs_a_placement_and_shows_its_own(model_dir, tmp_path):
+    placement = Placement({"main": 2, "critic": 1}, {"actor": "main", "critic": "critic"},
+                          {"actor": ModelSizes(t=2, tg=1)}, engines={"actor": "torch", "critic": "torch"})
+    lab = Lab("arithmetic_grpo", overrides=(f"actor.model_path={model_dir}", "algorithm.name=ppo",
+                                            f"trainer.run_dir={tmp_path}"), placement=placement, start=False)
+    config = lab.config
+    assert (config.actor.ranks, config.actor.engine.tensor_parallel, config.rollout.tensor_parallel) == (2, 2, 1)
+    assert (config.critic.pool, config.critic.ranks) == ("critic", 1)
+    assert lab.placement.pools == placement.pools and lab.placement.size_of("actor") == ModelSizes(t=2, tg=1)
