@@ -73,6 +73,7 @@ QUICK_BENCH = {
     "train": {"size": "tiny", "rows": 4, "response": 8, "steps": 1, "engines": (("torch", 0), ("deepspeed", 3))},
     "e2e": {"steps": 1, "warmup": 1},
     "reshard": {"repeats": 1, "warmup": 0, "size": "tiny", "layouts": ((2, 1),), "ranks": 2},
+    "placement": {"steps": 1, "warmup": 1, "settings": (("d1", 1, 1, 1), ("d2", 2, 1, 1)), "calibration_steps": 1},
     "dashboard": {"blocks": 1, "steps_per_block": 1, "warmup": 0, "ranks": 1, "engine": "torch", "backend": "local"},
 }
 
@@ -86,6 +87,18 @@ def _plan(args: argparse.Namespace) -> None:
     from hybridflow_lab.trainer.lab import check_config
     from hybridflow_lab.trainer.presets import resolve_config
 
+    if args.calibrate:
+        from dataclasses import asdict
+
+        from hybridflow_lab.controller import init_cluster
+        from hybridflow_lab.placement.calibrate import calibrate
+
+        init_cluster()
+        profile, measured = calibrate()
+        print(json.dumps({"profile": asdict(profile), "measured": measured}, indent=2))
+        if args.out:
+            profile.save(args.out)
+        return
     profile = get_profile(args.profile or ("a100-80gb" if args.paper or args.paper_model else "cpu"))
     if args.paper:
         rows = compare_with_paper(profile)
@@ -170,11 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--config", help="a preset or YAML: its models and batch are the workload")
     plan.add_argument("--paper-model", choices=["7B", "13B", "34B", "70B"], help="the paper's PPO workload instead")
     plan.add_argument("--paper", action="store_true", help="compare the best placements with the paper's section 8")
+    plan.add_argument("--calibrate", action="store_true",
+                      help="measure this machine's CPU profile from real runs; --out saves it for --profile")
     plan.add_argument("--devices", type=int, default=4)
     plan.add_argument("--profile", help="a100-80gb, h100, h800, h200, cpu, or a calibrated profile's JSON "
                       "(default: cpu for --config, a100-80gb for the paper)")
     plan.add_argument("--top", type=int, default=10)
-    plan.add_argument("--out", help="also write the plans as JSON")
+    plan.add_argument("--out", help="also write the plans (with --calibrate: the profile) as JSON")
     plan.add_argument("overrides", nargs="*", help="dotted overrides for --config")
     plan.set_defaults(run=_plan)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -93,3 +94,17 @@ def test_bench_reshard_reports_bytes_equal_to_table_2():
     assert rows["hybridflow"]["redundant_param_bytes"] == 0 < rows["ds_chat"]["redundant_param_bytes"]
     assert rows["hybridflow"]["peak_param_bytes_per_rank"] == report["model_param_bytes"]  # tg = 1: the full model
     assert [(g["t"], g["tg"]) for g in report["goal"]] == [(2, 1)]
+
+
+def test_bench_placement_calibrates_then_compares_predicted_and_measured_steps():
+    report = json.loads(run_cli("bench", "placement", "--quick"))
+    profile = report["profile"]
+    assert profile["name"] == "cpu-calibrated" and profile["cores"] == os.cpu_count()
+    assert profile["flops"] > 1e8 and profile["train_efficiency"] > 0 and profile["collective_latency_s"] > 0
+    assert [row["setting"] for row in report["results"]] == ["d1", "d2"]
+    for row in report["results"]:
+        assert row["measured_s"] > 0 and row["predicted_s"] > 0
+        assert row["error"] == pytest.approx(row["predicted_s"] / row["measured_s"] - 1, abs=2e-3)
+        assert set(row["predicted_stage_s"]) == set(row["measured_stage_s"]) == {"generation", "preparation",
+                                                                                 "training"}
+    assert sorted(report["ranking_predicted"]) == sorted(report["ranking_measured"]) == ["d1", "d2"]

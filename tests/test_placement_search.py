@@ -46,6 +46,8 @@ def test_d_cost_adds_within_a_set_and_takes_the_slowest_set_per_stage():
     plan = plan_of((actor_set, critic_set), ("generation", "preparation", "training"))
     assert plan.stage_s == {"generation": 10, "preparation": 6, "training": 5}
     assert plan.total_s == 21 and plan.kind == "split"
+    one_by_one = plan_of((actor_set, critic_set), ("generation", "preparation", "training"), concurrent=False)
+    assert one_by_one.stage_s == {"generation": 10, "preparation": 11, "training": 9}
 
 
 def test_llama_shapes_have_the_published_parameter_counts():

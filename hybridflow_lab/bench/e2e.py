@@ -33,8 +33,9 @@ def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
     return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e9
 
 
-def standard_lab(tmp: str, ranks: int = 2, engine: str = "deepspeed", backend: str = "ray") -> Lab:
-    """A Lab running the standard workload, its model and run directory under ``tmp``."""
+def standard_lab(tmp: str, ranks: int = 2, engine: str = "deepspeed", backend: str = "ray",
+                 extra: tuple[str, ...] = ()) -> Lab:
+    """A Lab running the standard workload (plus ``extra`` overrides), its model and run directory under ``tmp``."""
     model = create_model_dir(f"{tmp}/model", "standard", "qwen2", seed=0)
     return Lab("arithmetic_grpo", overrides=(
         f"actor.model_path={model}", f"trainer.run_dir={tmp}/run", "trainer.progress=false",
@@ -43,7 +44,7 @@ def standard_lab(tmp: str, ranks: int = 2, engine: str = "deepspeed", backend: s
         "rollout.max_prompt_tokens=16", "rollout.pad_prompts=true", "rollout.max_new_tokens=64",
         "rollout.ignore_eos=true", "batch.rollout_batch_prompts=16", "batch.samples_per_prompt=4",
         "batch.update_minibatch_sequences=64", f"batch.micro_batch_sequences_per_rank={64 // ranks}",
-        "algorithm.kl_coef=0.04",
+        "algorithm.kl_coef=0.04", *extra,
     ))
 
 

@@ -46,10 +46,11 @@ class MappingPlan:
 
     sets: tuple[ColocatedSet, ...]
     stage_s: dict[str, float]
+    controller_s: float = 0.0  # the controller's own work per iteration (rewards, advantages, data movement)
 
     @property
     def total_s(self) -> float:
-        return sum(self.stage_s.values())
+        return sum(self.stage_s.values()) + self.controller_s
 
     @property
     def kind(self) -> str:
@@ -62,7 +63,7 @@ class MappingPlan:
         return " | ".join(s.describe() for s in self.sets)
 
     def to_dict(self) -> dict[str, object]:
-        return {"kind": self.kind, "total_s": round(self.total_s, 4),
+        return {"kind": self.kind, "total_s": round(self.total_s, 4), "controller_s": round(self.controller_s, 4),
                 "stage_s": {k: round(v, 4) for k, v in self.stage_s.items()},
                 "sets": [{"roles": list(s.roles), "devices": s.devices,
                           "models": {c.role: {"t": c.parallel.t, "p": c.parallel.p, "d": c.parallel.d,
@@ -98,13 +99,15 @@ class AutoMapper:
     """Ranks placements of ``workload`` on ``devices`` devices of ``hardware``.
 
     ``together`` keeps roles in one set (the Lab runs the reference and reward model inside the actor's
-    ranks); ``max_pipeline`` and ``tensor_parallel_roles`` restrict the sweep to what the runtime supports.
+    ranks); ``max_pipeline`` and ``tensor_parallel_roles`` restrict the sweep to what the runtime supports;
+    ``concurrent_sets=False`` scores a runtime that runs the sets' stages one after another.
     """
 
     def __init__(self, workload: Workload, hardware: HardwareProfile, devices: int, *,
                  together: Sequence[str] = (), max_pipeline: int = 16,
-                 tensor_parallel_roles: Sequence[str] | None = None) -> None:
+                 tensor_parallel_roles: Sequence[str] | None = None, concurrent_sets: bool = True) -> None:
         self.workload, self.hardware, self.devices = workload, hardware, devices
+        self.concurrent_sets = concurrent_sets
         self.together = tuple(r for r in together if r in workload.models)
         self.max_pipeline = max_pipeline
         self.tensor_parallel_roles = workload.roles if tensor_parallel_roles is None else tuple(tensor_parallel_roles)
@@ -179,7 +182,8 @@ class AutoMapper:
                 sets = [self.best_for_set(group, n) for group, n in zip(partition, allocation, strict=True)]
                 if any(s is None for s in sets):
                     continue
-                plan = plan_of(tuple(sets), self.workload.stages)  # type: ignore[arg-type]
+                plan = plan_of(tuple(sets), self.workload.stages, self.concurrent_sets,  # type: ignore[arg-type]
+                               self.hardware.step_overhead_s)
                 if best is None or plan.total_s < best.total_s:
                     best = plan
             if best is not None:
@@ -187,9 +191,12 @@ class AutoMapper:
         return sorted(plans, key=lambda plan: plan.total_s)[:top]
 
 
-def plan_of(sets: tuple[ColocatedSet, ...], stages: Sequence[str]) -> MappingPlan:
-    """``d_cost``: stage times add within a set; each stage waits for the slowest set."""
-    return MappingPlan(sets, {stage: max(s.stage_s(stage) for s in sets) for stage in stages})
+def plan_of(sets: tuple[ColocatedSet, ...], stages: Sequence[str], concurrent: bool = True,
+            controller_s: float = 0.0) -> MappingPlan:
+    """``d_cost``: stage times add within a set; each stage waits for the slowest set when sets run side by side
+    (``concurrent``, the paper's execution), or for all of them when the controller calls them one by one."""
+    combine = max if concurrent else sum
+    return MappingPlan(sets, {stage: combine(s.stage_s(stage) for s in sets) for stage in stages}, controller_s)
 
 
 def _pareto(costs: list[ModelCost]) -> list[ModelCost]:

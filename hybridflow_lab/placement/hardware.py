@@ -30,6 +30,7 @@ class HardwareProfile:
     bandwidth_efficiency: float = 0.75  # achieved fraction of ``memory_bandwidth`` while decoding
     decode_step_overhead_s: float = 0.0  # fixed cost per decoding step (kernel launches, Python)
     call_overhead_s: float = 0.0  # fixed cost per stage call on a model (dispatch, collection)
+    step_overhead_s: float = 0.0  # the controller's own work per iteration (rewards, advantages, batching)
     collective_latency_s: float = 0.0  # per collective call
     cores: int = 0  # > 0: the devices share this many cores, so busy devices beyond it slow each other down
 

@@ -72,7 +72,7 @@ def _forward_s(spec: ModelSpec, parallel: Parallelism, workload: Workload, hw: H
     """``passes`` forward-equivalents over ``sequences`` full sequences on ``parallel`` (3 = forward + backward)."""
     tokens = sequences * workload.sequence_tokens
     flops = passes * tokens * spec.flops_per_token(workload.sequence_tokens // 2)
-    compute = flops / (parallel.devices * hw.flops * efficiency)
+    compute = flops / (parallel.devices * hw.flops * efficiency * hw.share(parallel.devices))
     tokens_per_replica = tokens / parallel.d
     micro_batches = max(1, math.ceil(sequences / parallel.d / workload.micro_batch_sequences))
     bubble = 1 + (parallel.p - 1) / micro_batches
@@ -114,14 +114,16 @@ def generation_s(spec: ModelSpec, parallel: Parallelism, workload: Workload, hw:
     if max_batch < 1:
         return math.inf
     per_replica = math.ceil(workload.sequences / replicas)
-    waves, rate = math.ceil(per_replica / max_batch), hw.flops * hw.infer_efficiency
+    share = hw.share(parallel.devices)  # every replica decodes at once
+    waves, rate = math.ceil(per_replica / max_batch), hw.flops * hw.infer_efficiency * share
     batch = math.ceil(per_replica / waves)
     prefill = batch * workload.prompt_tokens * spec.flops_per_token(workload.prompt_tokens // 2) / (tg * rate)
     context = workload.prompt_tokens + workload.response_tokens / 2  # mean KV length while decoding
     read = weights + batch * spec.kv_bytes_per_token(workload.dtype_bytes) / tg * context
     compute = batch * spec.flops_per_token(int(context)) / (tg * rate)
     tp_calls = 2 * spec.layers * hw.collective_latency_s if tg > 1 else 0.0
-    step = max(read / (hw.memory_bandwidth * hw.bandwidth_efficiency), compute) + hw.decode_step_overhead_s + tp_calls
+    bandwidth = hw.memory_bandwidth * hw.bandwidth_efficiency * share
+    step = max(read / bandwidth, compute) + hw.decode_step_overhead_s / share + tp_calls
     return waves * (prefill + workload.response_tokens * step) + hw.call_overhead_s
 
 
@@ -139,7 +141,8 @@ def model_cost(role: str, spec: ModelSpec, parallel: Parallelism, workload: Work
     if role == "actor":
         stages["generation"] = generation_s(spec, parallel, workload, hw, free_bytes) + \
             reshard_s(spec, parallel, workload, hw)
-    stages["preparation"] = inference_s(spec, parallel, workload, hw)
+    if role != "actor" or workload.recompute_log_probs:
+        stages["preparation"] = inference_s(spec, parallel, workload, hw)
     if role in TRAINED:
         stages["training"] = training_s(spec, parallel, workload, hw)
     return ModelCost(role, parallel, stages, resident_bytes(role, spec, parallel, workload))

@@ -1,7 +1,8 @@
 """Ranked suggestions for a Lab: the auto-mapping search restricted to what the Lab runs, as placement plans.
 
 The Lab keeps the reference and reward models inside the actor's ranks, has no pipeline parallelism,
-and trains only the actor tensor-parallel (with the torch engine), so the search runs with those limits.
+trains only the actor tensor-parallel (with the torch engine) and calls the models one stage after
+another, so the search runs with those limits.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from hybridflow_lab.placement.hardware import HardwareProfile, get_profile
 from hybridflow_lab.placement.plan import ModelSizes, Placement, Suggestion
 from hybridflow_lab.placement.workload import workload_from_config
 
-LAB_LIMITS = {"together": ("actor", "reference", "reward"), "max_pipeline": 1, "tensor_parallel_roles": ("actor",)}
+LAB_LIMITS = {"together": ("actor", "reference", "reward"), "max_pipeline": 1, "tensor_parallel_roles": ("actor",),
+              "concurrent_sets": False}
 
 
 def lab_mapper(config: LabConfig, devices: int, hardware: HardwareProfile | str = "cpu") -> AutoMapper:

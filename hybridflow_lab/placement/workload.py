@@ -87,6 +87,7 @@ class Workload:
     update_epochs: int = 1
     micro_batch_sequences: int = 8
     dtype_bytes: int = 2
+    recompute_log_probs: bool = True  # False: one optimizer step per batch, the update's forward gives them
     name: str = "workload"
     stages: tuple[str, ...] = field(default=("generation", "preparation", "training"))
 
@@ -120,6 +121,7 @@ def workload_from_config(config: LabConfig) -> Workload:
     """The workload a run's config describes: its models from disk, its batch and lengths, float32 on CPU."""
     from hybridflow_lab.models.factory import load_config
     from hybridflow_lab.trainer.dataflows import uses_critic
+    from hybridflow_lab.trainer.lab import needs_old_log_probs
 
     actor = ModelSpec.from_hf(load_config(config.actor.model_path), "actor")
     models = {"actor": actor}
@@ -135,4 +137,5 @@ def workload_from_config(config: LabConfig) -> Workload:
     return Workload(models, prompts=batch.rollout_batch_prompts, prompt_tokens=config.rollout.max_prompt_tokens,
                     response_tokens=config.rollout.max_new_tokens, samples_per_prompt=batch.samples_per_prompt,
                     update_epochs=batch.update_epochs, micro_batch_sequences=batch.micro_batch_sequences_per_rank,
-                    dtype_bytes=4, name=f"{config.algorithm.name}-{config.task.name}")
+                    dtype_bytes=4, recompute_log_probs=needs_old_log_probs(config),
+                    name=f"{config.algorithm.name}-{config.task.name}")

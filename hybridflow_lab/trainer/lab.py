@@ -52,6 +52,15 @@ def trained_roles(config: LabConfig) -> tuple[str, ...]:
     return ("actor", "critic") if uses_critic(config) else ("actor",)
 
 
+def needs_old_log_probs(config: LabConfig) -> bool:
+    """Whether the update needs ``old_log_probs`` from a separate pass: it does when a batch gets more than
+    one optimizer step (or KL enters the reward); with exactly one, the update's own forward pass gives the
+    same numbers and the pass is skipped."""
+    batch, algorithm = config.batch, config.algorithm
+    one_step = batch.update_epochs == 1 and batch.update_minibatch_sequences >= batch.step_sequences
+    return not one_step or (algorithm.kl_in_reward and algorithm.kl_coef > 0)
+
+
 def place(config: LabConfig, placement: Placement) -> LabConfig:
     """``config`` run with ``placement``, after checking it and that its pools fit this machine's memory."""
     from hybridflow_lab.placement.hardware import machine_profile
@@ -246,12 +255,8 @@ class Lab:
 
     @property
     def needs_old_log_probs(self) -> bool:
-        """Whether the update needs ``old_log_probs`` from a separate pass: it does when a batch gets
-        more than one optimizer step (or KL enters the reward); with exactly one, the update's own
-        forward pass gives the same numbers and the pass is skipped."""
-        batch, algorithm = self.config.batch, self.config.algorithm
-        one_step = batch.update_epochs == 1 and batch.update_minibatch_sequences >= batch.step_sequences
-        return not one_step or (algorithm.kl_in_reward and self.uses_reference)
+        """Whether the update needs ``old_log_probs`` from a separate pass (``needs_old_log_probs``)."""
+        return needs_old_log_probs(self.config)
 
     def old_log_prob(self, batch: DataBatch) -> DataBatch:
         """``old_log_probs`` and ``entropy`` of the responses under the current policy."""

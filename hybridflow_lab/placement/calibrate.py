@@ -1,0 +1,96 @@
+"""``hybridflow-lab plan --calibrate``: this machine's CPU profile, measured from the telemetry of real runs.
+
+One actor rank runs a few steps of the standard workload (bench e2e's); its spans give the forward
+and training FLOP rates (FLOPs the stage must do over the rank's execute seconds), the decoding
+step's fixed cost, the per-call dispatch cost and the controller's own time per step. Two ranks
+then time gloo all-reduces for the collective latency and bandwidth. Every rank runs one thread,
+so a device is one core and ``cores`` is this machine's core count.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hybridflow_lab.controller import Dispatch, ResourcePool, Role, Worker, WorkerGroup, register
+from hybridflow_lab.placement.hardware import PROFILES, HardwareProfile
+from hybridflow_lab.placement.workload import workload_from_config
+from hybridflow_lab.telemetry import Phase
+
+MODEL_STAGES = {"generate": "generate_sequences", "ref": "compute_ref_log_prob", "update_actor": "update_actor"}
+
+
+class CollectiveProbe(Worker):
+    """Times gloo all-reduces on its group."""
+
+    @register(Dispatch.ONE_TO_ALL)
+    def all_reduce_s(self, numel: int, repeats: int) -> float:
+        tensor = torch.zeros(numel)
+        dist.all_reduce(tensor)
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            dist.all_reduce(tensor)
+        return (time.perf_counter() - start) / repeats
+
+
+def collective_rates(repeats: int = 50) -> tuple[float, float]:
+    """(latency seconds, bytes/s per rank) of a 2-rank gloo all-reduce: a 1-element one, and a 4 MB one."""
+    group = WorkerGroup(Role(CollectiveProbe), ResourcePool(2), name="calibrate-collectives")
+    try:
+        latency = max(group.all_reduce_s(1, repeats))
+        numel = 1 << 20
+        large = max(group.all_reduce_s(numel, max(3, repeats // 10)))
+    finally:
+        group.shutdown()
+    return latency, numel * 4 / max(large - latency, 1e-9)  # a 2-rank ring all-reduce moves the tensor once
+
+
+def _median_execute(spans: list[Any], method: str, first_step: int) -> float:
+    return statistics.median(s.duration for s in spans if s.name == method and (s.step or 0) >= first_step)
+
+
+def calibrate(steps: int = 3, warmup: int = 1) -> tuple[HardwareProfile, dict[str, Any]]:
+    """The calibrated CPU profile and the measurements it came from."""
+    from hybridflow_lab.bench.e2e import standard_lab
+
+    with tempfile.TemporaryDirectory() as tmp:
+        lab = standard_lab(tmp, ranks=1, engine="torch")
+        try:
+            history = [lab.step() for _ in range(warmup + steps)][warmup:]
+            spans = lab.telemetry.spans(phase=Phase.EXECUTE)
+            workload = workload_from_config(lab.config)
+        finally:
+            lab.shutdown()
+    execute = {stage: _median_execute(spans, method, warmup) for stage, method in MODEL_STAGES.items()}
+    timing = {stage: statistics.median(m.get(f"timing_s/{stage}", 0.0) for m in history)
+              for stage in (*MODEL_STAGES, "step")}
+    spec, length = workload.models["actor"], workload.sequence_tokens
+    forward_flops = workload.sequences * length * spec.flops_per_token(length // 2)
+    infer_rate = forward_flops / execute["ref"]
+    train_rate = 3 * forward_flops / execute["update_actor"]
+    prompt, response = workload.prompt_tokens, workload.response_tokens
+    prefill_s = workload.sequences * prompt * spec.flops_per_token(prompt // 2) / infer_rate
+    decode_compute_s = workload.sequences * spec.flops_per_token(prompt + response // 2) / infer_rate
+    decode_step_s = (execute["generate"] - prefill_s) / response
+    latency, bandwidth = collective_rates()
+    profile = replace(
+        PROFILES["cpu"], name="cpu-calibrated", flops=infer_rate, infer_efficiency=1.0,
+        train_efficiency=train_rate / infer_rate, bandwidth_efficiency=1.0,
+        decode_step_overhead_s=max(0.0, decode_step_s - decode_compute_s),
+        call_overhead_s=statistics.median(timing[s] - execute[s] for s in MODEL_STAGES),
+        step_overhead_s=timing["step"] - sum(timing[s] for s in MODEL_STAGES),
+        collective_latency_s=latency, intra_node_bandwidth=bandwidth, inter_node_bandwidth=bandwidth,
+        cores=os.cpu_count() or 1,
+    )
+    measured = {"execute_s": execute, "stage_s": timing, "forward_gflop": forward_flops / 1e9,
+                "decode_step_s": decode_step_s, "decode_compute_s": decode_compute_s,
+                "all_reduce_latency_s": latency, "all_reduce_bytes_per_s": bandwidth}
+    return profile, measured
