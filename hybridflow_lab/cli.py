@@ -79,49 +79,59 @@ QUICK_BENCH = {
 
 
 def _plan(args: argparse.Namespace) -> None:
-    from hybridflow_lab.placement.automap import AutoMapper
     from hybridflow_lab.placement.hardware import get_profile
-    from hybridflow_lab.placement.report import compare_with_paper, plans_table
+
+    if args.calibrate:
+        report = _calibrated_profile(args.out)
+    else:
+        profile = get_profile(args.profile or ("a100-80gb" if args.paper or args.paper_model else "cpu"))
+        report = _paper_comparison(profile) if args.paper else _ranked_plans(args, profile)
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _calibrated_profile(out: str | None) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from hybridflow_lab.controller import init_cluster
+    from hybridflow_lab.placement.calibrate import calibrate
+
+    init_cluster()
+    profile, measured = calibrate()
+    print(json.dumps({"profile": asdict(profile), "measured": measured}, indent=2))
+    if out:
+        profile.save(out)
+    return {"profile": asdict(profile), "measured": measured}
+
+
+def _paper_comparison(profile: Any) -> dict[str, Any]:
+    from hybridflow_lab.placement.report import compare_with_paper, paper_table
+
+    rows = compare_with_paper(profile)
+    print(paper_table(rows))
+    return {"profile": profile.name, "paper_comparison": rows}
+
+
+def _ranked_plans(args: argparse.Namespace, profile: Any) -> dict[str, Any]:
+    from hybridflow_lab.placement.automap import AutoMapper
+    from hybridflow_lab.placement.report import plans_table
     from hybridflow_lab.placement.suggest import lab_mapper
     from hybridflow_lab.placement.workload import Workload
     from hybridflow_lab.trainer.lab import check_config
     from hybridflow_lab.trainer.presets import resolve_config
 
-    if args.calibrate:
-        from dataclasses import asdict
-
-        from hybridflow_lab.controller import init_cluster
-        from hybridflow_lab.placement.calibrate import calibrate
-
-        init_cluster()
-        profile, measured = calibrate()
-        print(json.dumps({"profile": asdict(profile), "measured": measured}, indent=2))
-        if args.out:
-            profile.save(args.out)
-        return
-    profile = get_profile(args.profile or ("a100-80gb" if args.paper or args.paper_model else "cpu"))
-    if args.paper:
-        rows = compare_with_paper(profile)
-        for row in rows:
-            verdict = {True: "agrees", False: "DISAGREES", None: "(paper silent)"}[row["agrees"]]
-            print(f"{row['model']:>4} {row['gpus']:>4} GPUs  predicted {row['predicted']:<10} paper "
-                  f"{row['paper'] or '-':<10} {verdict:<15} {row['best_s_by_kind']}")
-        report: dict[str, Any] = {"profile": profile.name, "paper_comparison": rows}
+    if args.paper_model:  # the paper's PPO setting, no Lab restrictions
+        mapper = AutoMapper(Workload.paper_ppo(args.paper_model), profile, args.devices)
+    elif args.config:  # what the Lab can run
+        config = resolve_config(args.config, args.overrides)
+        check_config(config)
+        mapper = lab_mapper(config, args.devices, profile)
     else:
-        if args.paper_model:  # the paper's PPO setting, no Lab restrictions
-            mapper = AutoMapper(Workload.paper_ppo(args.paper_model), profile, args.devices)
-        elif args.config:  # what the Lab can run
-            config = resolve_config(args.config, args.overrides)
-            check_config(config)
-            mapper = lab_mapper(config, args.devices, profile)
-        else:
-            raise SystemExit("hybridflow-lab plan: give --config, --paper-model or --paper")
-        plans = mapper.search(args.top)
-        print(plans_table(plans))
-        report = {"profile": profile.name, "devices": args.devices, "workload": mapper.workload.name,
-                  "plans": [plan.to_dict() for plan in plans]}
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        raise SystemExit("hybridflow-lab plan: give --config, --paper-model or --paper")
+    plans = mapper.search(args.top)
+    print(plans_table(plans))
+    return {"profile": profile.name, "devices": args.devices, "workload": mapper.workload.name,
+            "plans": [plan.to_dict() for plan in plans]}
 
 
 def _bench(args: argparse.Namespace) -> None:

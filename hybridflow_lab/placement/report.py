@@ -46,3 +46,10 @@ def compare_with_paper(hardware: HardwareProfile, sizes: Sequence[str] = tuple(L
                          "agrees": None if paper is None else predicted == paper, "best_s_by_kind": best_of_kind,
                          "best_plan": plans[0].describe() if plans else ""})
     return rows
+
+
+def paper_table(rows: Sequence[dict[str, Any]]) -> str:
+    """``compare_with_paper``'s rows, one line each: predicted and published winner, and each kind's best seconds."""
+    verdicts = {True: "agrees", False: "DISAGREES", None: "(paper silent)"}
+    return "\n".join(f"{row['model']:>4} {row['gpus']:>4} GPUs  predicted {row['predicted']:<10} paper "
+                     f"{row['paper'] or '-':<10} {verdicts[row['agrees']]:<15} {row['best_s_by_kind']}" for row in rows)
