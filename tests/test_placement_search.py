@@ -8,13 +8,14 @@ import math
 import pytest
 
 from hybridflow_lab import cli
+from hybridflow_lab.bench.placement import misordered_pairs
 from hybridflow_lab.hybrid import HybridLayout, formula_bytes_per_rank
 from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.placement.automap import AutoMapper, ColocatedSet, compositions, plan_of, set_partitions
 from hybridflow_lab.placement.hardware import PROFILES, HardwareProfile, get_profile
 from hybridflow_lab.placement.report import compare_with_paper, plans_table
 from hybridflow_lab.placement.simulator import ModelCost, Parallelism, generation_s, reshard_s, training_s
-from hybridflow_lab.placement.suggest import suggest
+from hybridflow_lab.placement.suggest import lab_mapper, suggest
 from hybridflow_lab.placement.workload import LLAMA, Workload
 from hybridflow_lab.trainer.presets import resolve_config
 
@@ -131,3 +132,32 @@ def test_suggestions_are_valid_lab_placements(tmp_path):
         assert placed.actor.pool == "main" and placed.actor.ranks + (
             placed.critic.ranks if placed.critic.pool != "main" else 0) <= 4
         assert placed.actor.engine.tensor_parallel == 1 or placed.actor.engine.backend == "torch"
+
+
+def test_placement_kinds_follow_the_papers_names():
+    def plan(*groups):
+        return plan_of(tuple(ColocatedSet(g, 8, ()) for g in groups), ())
+
+    assert plan(("actor", "critic", "reference", "reward")).kind == "colocate"
+    assert plan(("actor", "reference"), ("critic", "reward")).kind == "split"
+    assert plan(("actor", "reward"), ("critic", "reference")).kind == "mixed"
+    assert plan(("actor",), ("critic",), ("reference",), ("reward",)).kind == "standalone"
+
+
+def test_ranking_check_ignores_settings_measured_within_noise():
+    rows = [{"setting": "a", "measured_s": 1.00, "predicted_s": 1.2}, {"setting": "b", "measured_s": 1.02,
+                                                                      "predicted_s": 1.1},
+            {"setting": "c", "measured_s": 2.0, "predicted_s": 1.0}]
+    assert misordered_pairs(rows) == [("a", "c"), ("b", "c")]
+
+
+def test_the_labs_reference_follows_the_actors_tensor_parallel_sizes(tmp_path):
+    model = create_model_dir(tmp_path / "m", "small", "qwen2", seed=0)
+    config = resolve_config("arithmetic_grpo", [f"actor.model_path={model}", "algorithm.kl_coef=0.04",
+                                                "batch.micro_batch_sequences_per_rank=16"])
+    mapper = lab_mapper(config, 4, PROFILES["cpu"])
+    for devices in (1, 2, 4):
+        actor, reference = mapper.best_for_set(("actor", "reference"), devices).costs
+        assert (reference.parallel.t, reference.parallel.d) == (actor.parallel.t, actor.parallel.d)
+    suggestions = suggest(config, 4)
+    assert suggestions and all(s.plan.size_of("reference").t == s.plan.size_of("actor").t for s in suggestions)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from hybridflow_lab.placement.hardware import HardwareProfile
@@ -54,10 +54,15 @@ class MappingPlan:
 
     @property
     def kind(self) -> str:
-        """The paper's names: ``colocate`` (one set), ``standalone`` (one model per set), else ``split``."""
-        if len(self.sets) == 1:
+        """The paper's names: ``colocate`` (one set), ``split`` (actor and reference / the others),
+        ``standalone`` (one model per set); any other grouping is ``mixed``."""
+        groups = {frozenset(s.roles) for s in self.sets}
+        if len(groups) == 1:
             return "colocate"
-        return "standalone" if all(len(s.roles) == 1 for s in self.sets) else "split"
+        if all(len(group) == 1 for group in groups):
+            return "standalone"
+        actor_side = frozenset(r for r in ("actor", "reference") if any(r in g for g in groups))
+        return "split" if len(groups) == 2 and actor_side in groups else "mixed"
 
     def describe(self) -> str:
         return " | ".join(s.describe() for s in self.sets)
@@ -99,14 +104,17 @@ class AutoMapper:
     """Ranks placements of ``workload`` on ``devices`` devices of ``hardware``.
 
     ``together`` keeps roles in one set (the Lab runs the reference and reward model inside the actor's
-    ranks); ``max_pipeline`` and ``tensor_parallel_roles`` restrict the sweep to what the runtime supports;
-    ``concurrent_sets=False`` scores a runtime that runs the sets' stages one after another.
+    ranks); ``follow_actor`` roles take the actor's parallel sizes (the Lab's reference is sharded like
+    the actor); ``max_pipeline`` and ``tensor_parallel_roles`` restrict the sweep to what the runtime
+    supports; ``concurrent_sets=False`` scores a runtime that runs the sets' stages one after another.
     """
 
     def __init__(self, workload: Workload, hardware: HardwareProfile, devices: int, *,
                  together: Sequence[str] = (), max_pipeline: int = 16,
-                 tensor_parallel_roles: Sequence[str] | None = None, concurrent_sets: bool = True) -> None:
+                 tensor_parallel_roles: Sequence[str] | None = None, concurrent_sets: bool = True,
+                 follow_actor: Sequence[str] = ()) -> None:
         self.workload, self.hardware, self.devices = workload, hardware, devices
+        self.follow_actor = tuple(r for r in follow_actor if r in workload.models)
         self.concurrent_sets = concurrent_sets
         self.together = tuple(r for r in together if r in workload.models)
         self.max_pipeline = max_pipeline
@@ -139,15 +147,20 @@ class AutoMapper:
         settings that no other setting beats on both memory and time are combined.
         """
         workload, hardware, best = self.workload, self.hardware, None
+        followers = [r for r in roles if r in self.follow_actor and "actor" in roles]
         fixed = {role: _pareto([model_cost(role, workload.models[role], par, workload, hardware, 0.0)
-                                for par in self.parallel_choices(role, devices)]) for role in roles if role != "actor"}
+                                for par in self.parallel_choices(role, devices)])
+                 for role in roles if role != "actor" and role not in followers}
         actor = [(par, resident_bytes("actor", workload.models["actor"], par, workload))
                  for par in self.parallel_choices("actor", devices)] if "actor" in roles else [(None, 0.0)]
         for (actor_par, actor_memory), others in itertools.product(actor, itertools.product(*fixed.values())):
-            resident = actor_memory + sum(cost.memory_bytes for cost in others)
+            costs = list(others)
+            if actor_par is not None:
+                like_actor = replace(actor_par, tg=actor_par.t)
+                costs += [model_cost(r, workload.models[r], like_actor, workload, hardware, 0.0) for r in followers]
+            resident = actor_memory + sum(cost.memory_bytes for cost in costs)
             if resident > self.capacity:
                 continue
-            costs = list(others)
             if actor_par is not None:
                 costs.append(model_cost("actor", workload.models["actor"], actor_par, workload, hardware,
                                         self.capacity - resident))

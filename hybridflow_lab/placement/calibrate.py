@@ -2,9 +2,10 @@
 
 One actor rank runs a few steps of the standard workload (bench e2e's); its spans give the forward
 and training FLOP rates (FLOPs the stage must do over the rank's execute seconds), the decoding
-step's fixed cost, the per-call dispatch cost and the controller's own time per step. Two ranks
-then time gloo all-reduces for the collective latency and bandwidth. Every rank runs one thread,
-so a device is one core and ``cores`` is this machine's core count.
+step's fixed cost, the per-call dispatch cost and the controller's own time per step. Pairs of
+ranks then time gloo all-reduces, with twice as many ranks as cores busy (how tensor-parallel runs
+share this machine), for the collective latency and bandwidth. Every rank runs one thread, so a
+device is one core and ``cores`` is this machine's core count.
 """
 
 from __future__ import annotations
@@ -28,22 +29,26 @@ MODEL_STAGES = {"generate": "generate_sequences", "ref": "compute_ref_log_prob",
 
 
 class CollectiveProbe(Worker):
-    """Times gloo all-reduces on its group."""
+    """Times gloo all-reduces inside pairs of ranks, every pair at once (as tensor-parallel pairs run)."""
+
+    def __init__(self) -> None:
+        pairs = [dist.new_group([r, r + 1]) for r in range(0, self.world_size, 2)]
+        self.pair = pairs[self.rank // 2]
 
     @register(Dispatch.ONE_TO_ALL)
     def all_reduce_s(self, numel: int, repeats: int) -> float:
         tensor = torch.zeros(numel)
-        dist.all_reduce(tensor)
+        dist.all_reduce(tensor, group=self.pair)
         dist.barrier()
         start = time.perf_counter()
         for _ in range(repeats):
-            dist.all_reduce(tensor)
+            dist.all_reduce(tensor, group=self.pair)
         return (time.perf_counter() - start) / repeats
 
 
-def collective_rates(repeats: int = 50) -> tuple[float, float]:
-    """(latency seconds, bytes/s per rank) of a 2-rank gloo all-reduce: a 1-element one, and a 4 MB one."""
-    group = WorkerGroup(Role(CollectiveProbe), ResourcePool(2), name="calibrate-collectives")
+def collective_rates(ranks: int, repeats: int = 50) -> tuple[float, float]:
+    """(latency seconds, bytes/s per rank) of 2-rank gloo all-reduces with ``ranks`` ranks busy: 1 element, 4 MB."""
+    group = WorkerGroup(Role(CollectiveProbe), ResourcePool(ranks), name="calibrate-collectives")
     try:
         latency = max(group.all_reduce_s(1, repeats))
         numel = 1 << 20
@@ -80,7 +85,8 @@ def calibrate(steps: int = 3, warmup: int = 1) -> tuple[HardwareProfile, dict[st
     prefill_s = workload.sequences * prompt * spec.flops_per_token(prompt // 2) / infer_rate
     decode_compute_s = workload.sequences * spec.flops_per_token(prompt + response // 2) / infer_rate
     decode_step_s = (execute["generate"] - prefill_s) / response
-    latency, bandwidth = collective_rates()
+    cores = os.cpu_count() or 1
+    latency, bandwidth = collective_rates(2 * cores)
     profile = replace(
         PROFILES["cpu"], name="cpu-calibrated", flops=infer_rate, infer_efficiency=1.0,
         train_efficiency=train_rate / infer_rate, bandwidth_efficiency=1.0,
@@ -88,7 +94,7 @@ def calibrate(steps: int = 3, warmup: int = 1) -> tuple[HardwareProfile, dict[st
         call_overhead_s=statistics.median(timing[s] - execute[s] for s in MODEL_STAGES),
         step_overhead_s=timing["step"] - sum(timing[s] for s in MODEL_STAGES),
         collective_latency_s=latency, intra_node_bandwidth=bandwidth, inter_node_bandwidth=bandwidth,
-        cores=os.cpu_count() or 1,
+        cores=cores,
     )
     measured = {"execute_s": execute, "stage_s": timing, "forward_gflop": forward_flops / 1e9,
                 "decode_step_s": decode_step_s, "decode_compute_s": decode_compute_s,

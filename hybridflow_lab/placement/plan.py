@@ -203,7 +203,7 @@ class Placement:
             if total > capacity:
                 shares = ", ".join(f"{m} {self.parallelism(m).label()} {b / GIB:.2f} GiB" for m, b in needs.items())
                 raise ConfigError(f"placement.{pool}", f"the models on pool {pool!r} need {total / GIB:.2f} GiB"
-                                  f" per device ({shares}) but a {hardware.name} device has {capacity / GIB:.2f} "
+                                  f" per device ({shares}) but each {hardware.name} device has {capacity / GIB:.2f} "
                                   "GiB usable; give the pool more devices, raise t or p, or move a model to "
                                   "another pool")
 

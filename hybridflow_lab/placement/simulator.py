@@ -121,7 +121,8 @@ def generation_s(spec: ModelSpec, parallel: Parallelism, workload: Workload, hw:
     context = workload.prompt_tokens + workload.response_tokens / 2  # mean KV length while decoding
     read = weights + batch * spec.kv_bytes_per_token(workload.dtype_bytes) / tg * context
     compute = batch * spec.flops_per_token(int(context)) / (tg * rate)
-    tp_calls = 2 * spec.layers * hw.collective_latency_s if tg > 1 else 0.0
+    # two all-reduces per layer, plus the vocabulary-parallel embedding's and the logits' gather
+    tp_calls = (2 * spec.layers + 2) * hw.collective_latency_s if tg > 1 else 0.0
     bandwidth = hw.memory_bandwidth * hw.bandwidth_efficiency * share
     step = max(read / bandwidth, compute) + hw.decode_step_overhead_s / share + tp_calls
     return waves * (prefill + workload.response_tokens * step) + hw.call_overhead_s

@@ -14,7 +14,7 @@ from hybridflow_lab.placement.plan import ModelSizes, Placement, Suggestion
 from hybridflow_lab.placement.workload import workload_from_config
 
 LAB_LIMITS = {"together": ("actor", "reference", "reward"), "max_pipeline": 1, "tensor_parallel_roles": ("actor",),
-              "concurrent_sets": False}
+              "concurrent_sets": False, "follow_actor": ("reference",)}
 
 
 def lab_mapper(config: LabConfig, devices: int, hardware: HardwareProfile | str = "cpu") -> AutoMapper:
