@@ -34,7 +34,7 @@ demo: $(VENV)/.runtime
 
 test: $(VENV)/.browser
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 	$(BIN)/pytest -q --nbval-lax notebooks tutorials
 
 test-fast: $(VENV)/.test
