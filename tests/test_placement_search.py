@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -161,3 +162,12 @@ def test_the_labs_reference_follows_the_actors_tensor_parallel_sizes(tmp_path):
         assert (reference.parallel.t, reference.parallel.d) == (actor.parallel.t, actor.parallel.d)
     suggestions = suggest(config, 4)
     assert suggestions and all(s.plan.size_of("reference").t == s.plan.size_of("actor").t for s in suggestions)
+
+
+def test_the_lab_search_leaves_slots_idle_when_ranks_would_share_cores(tmp_path):
+    model = create_model_dir(tmp_path / "m", "tiny", "qwen2", seed=0)
+    config = resolve_config("arithmetic_grpo", [f"actor.model_path={model}", "batch.micro_batch_sequences_per_rank=16"])
+    shared, dedicated = PROFILES["cpu"], dataclasses.replace(PROFILES["cpu"], cores=0)
+    assert shared.cores == 2
+    assert [s.devices for s in lab_mapper(config, 4, shared).search()[0].sets] == [2]
+    assert [s.devices for s in lab_mapper(config, 4, dedicated).search()[0].sets] == [4]

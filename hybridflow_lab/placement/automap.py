@@ -106,14 +106,16 @@ class AutoMapper:
     ``together`` keeps roles in one set (the Lab runs the reference and reward model inside the actor's
     ranks); ``follow_actor`` roles take the actor's parallel sizes (the Lab's reference is sharded like
     the actor); ``max_pipeline`` and ``tensor_parallel_roles`` restrict the sweep to what the runtime
-    supports; ``concurrent_sets=False`` scores a runtime that runs the sets' stages one after another.
+    supports; ``concurrent_sets=False`` scores a runtime that runs the sets' stages one after another;
+    ``allow_idle`` also tries leaving devices unused (CPU ranks that share cores can be faster fewer).
     """
 
     def __init__(self, workload: Workload, hardware: HardwareProfile, devices: int, *,
                  together: Sequence[str] = (), max_pipeline: int = 16,
                  tensor_parallel_roles: Sequence[str] | None = None, concurrent_sets: bool = True,
-                 follow_actor: Sequence[str] = ()) -> None:
+                 follow_actor: Sequence[str] = (), allow_idle: bool = False) -> None:
         self.workload, self.hardware, self.devices = workload, hardware, devices
+        self.allow_idle = allow_idle
         self.follow_actor = tuple(r for r in follow_actor if r in workload.models)
         self.concurrent_sets = concurrent_sets
         self.together = tuple(r for r in together if r in workload.models)
@@ -188,20 +190,26 @@ class AutoMapper:
         plans = []
         for partition in self.placements():
             minimums = [self.minimal_devices(group) for group in partition]
-            if any(m is None for m in minimums) or sum(minimums) > self.devices:  # type: ignore[arg-type]
-                continue
-            best = None
-            for allocation in compositions(self.devices, len(partition), minimums, self.unit):  # type: ignore[arg-type]
+            fitting = [m for m in minimums if m is not None]
+            if len(fitting) == len(partition) and sum(fitting) <= self.devices:
+                best = self._best_allocation(partition, fitting)
+                plans += [best] if best is not None else []
+        return sorted(plans, key=lambda plan: plan.total_s)[:top]
+
+    def _best_allocation(self, partition: list[tuple[str, ...]], minimums: list[int]) -> MappingPlan | None:
+        """The fastest split of the devices (all of them, or fewer with ``allow_idle``) among the sets."""
+        totals = range(sum(minimums), self.devices + 1, self.unit) if self.allow_idle else [self.devices]
+        best = None
+        for total in totals:
+            for allocation in compositions(total, len(partition), minimums, self.unit):
                 sets = [self.best_for_set(group, n) for group, n in zip(partition, allocation, strict=True)]
                 if any(s is None for s in sets):
                     continue
-                plan = plan_of(tuple(sets), self.workload.stages, self.concurrent_sets,  # type: ignore[arg-type]
+                plan = plan_of(tuple(s for s in sets if s is not None), self.workload.stages, self.concurrent_sets,
                                self.hardware.step_overhead_s)
                 if best is None or plan.total_s < best.total_s:
                     best = plan
-            if best is not None:
-                plans.append(best)
-        return sorted(plans, key=lambda plan: plan.total_s)[:top]
+        return best
 
 
 def plan_of(sets: tuple[ColocatedSet, ...], stages: Sequence[str], concurrent: bool = True,

@@ -2,7 +2,7 @@
 
 The Lab keeps the reference and reward models inside the actor's ranks, has no pipeline parallelism,
 trains only the actor tensor-parallel (with the torch engine) and calls the models one stage after
-another, so the search runs with those limits.
+another, so the search runs with those limits; it may leave device slots unused (CPU ranks share cores).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hybridflow_lab.placement.plan import ModelSizes, Placement, Suggestion
 from hybridflow_lab.placement.workload import workload_from_config
 
 LAB_LIMITS = {"together": ("actor", "reference", "reward"), "max_pipeline": 1, "tensor_parallel_roles": ("actor",),
-              "concurrent_sets": False, "follow_actor": ("reference",)}
+              "concurrent_sets": False, "follow_actor": ("reference",), "allow_idle": True}
 
 
 def lab_mapper(config: LabConfig, devices: int, hardware: HardwareProfile | str = "cpu") -> AutoMapper:
