@@ -80,3 +80,11 @@ def test_a_lab_runs_a_placement_and_shows_its_own(model_dir, tmp_path):
     assert (config.actor.ranks, config.actor.engine.tensor_parallel, config.rollout.tensor_parallel) == (2, 2, 1)
     assert (config.critic.pool, config.critic.ranks) == ("critic", 1)
     assert lab.placement.pools == placement.pools and lab.placement.size_of("actor") == ModelSizes(t=2, tg=1)
+
+
+def test_moving_the_actor_takes_the_models_inside_its_ranks_along():
+    placement = Placement({"main": 2}, {"actor": "main", "critic": "main", "reference": "main", "reward": "main"})
+    moved = placement.moved("actor", "big")
+    assert moved.used_pools() == {"big": ["actor", "reference", "reward"], "main": ["critic"]}
+    assert moved.pools["big"] == 2 and placement.moved("critic", "c").used_pools()["c"] == ["critic"]
+    moved.check_lab()

@@ -193,3 +193,12 @@ def test_lab_reconfigure_rejects_a_bad_layout_and_keeps_the_config(model_dir, tm
     with pytest.raises(ConfigError, match=r"critic\.pool"):
         lab.reconfigure("critic.ranks=1")
     assert lab.config.critic.ranks == 2
+
+
+def test_the_board_shows_trained_roles_and_moves_the_reference_with_the_actor(model_dir, tmp_path):
+    lab = Lab(ppo_config(model_dir, "algorithm.kl_coef=0.05", f"trainer.run_dir={tmp_path}"), start=False)
+    board = lab.placement_board(devices=4)
+    assert board.plan.assignment["reference"] == "main"
+    actor_row = board.controls.children[0]
+    actor_row.children[1].value = "actor"  # the actor's pool menu: a pool of its own
+    assert board.plan.used_pools()["actor"] == ["actor", "reference"]

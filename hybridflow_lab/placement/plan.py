@@ -95,6 +95,14 @@ class Placement:
     def with_changes(self, **changes: Any) -> Placement:
         return replace(self, **changes)
 
+    def moved(self, model: str, pool: str) -> Placement:
+        """``model`` on ``pool`` (a new pool starts with the model's current device count); moving the actor
+        takes the models the Lab runs inside its ranks along."""
+        size = self.pools.get(pool, self.pools[self.assignment[model]])
+        followers = [m for m in INSIDE_ACTOR if m in self.assignment] if model == "actor" else []
+        return replace(self, pools={**self.pools, pool: size},
+                       assignment={**self.assignment, **dict.fromkeys([model, *followers], pool)})
+
     def with_sizes(self, model: str, **sizes: int) -> Placement:
         """This placement with some of ``model``'s parallel sizes changed."""
         return replace(self, sizes={**self.sizes, model: replace(self.size_of(model), **sizes)})

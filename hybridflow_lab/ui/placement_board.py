@@ -79,8 +79,8 @@ class PlacementBoard:
     def _render(self) -> None:
         config = self.lab.config
         rows: list[widgets.Widget] = []
-        for role, pool in self.plan.assignment.items():
-            rows.append(self._role_row(role, pool))
+        for role in self.plan.engines:  # the trained roles; the reference and reward model follow the actor
+            rows.append(self._role_row(role, self.plan.assignment[role]))
         for pool in self.plan.used_pools():
             sizes = self.plan.pool_size_choices(config, self.devices, pool) or [self.plan.pools[pool]]
             rows.append(self._choice(f"pool {pool} slots", sizes, self.plan.pools[pool],
@@ -115,10 +115,8 @@ class PlacementBoard:
         return widgets.HBox([label, pool_menu, engine, zero])
 
     def _move(self, role: str, pool: str) -> None:
-        """Put ``role`` on ``pool``; a new pool starts with the role's current slot count."""
-        size = self.plan.pools.get(pool, self.plan.pools[self.plan.assignment[role]])
-        self.set_plan(self.plan.with_changes(pools={**self.plan.pools, pool: size},
-                                             assignment={**self.plan.assignment, role: pool}))
+        """Put ``role`` on ``pool`` (``Placement.moved``)."""
+        self.set_plan(self.plan.moved(role, pool))
 
     def _choice(self, label: str, options: list[int], value: int,
                 to_plan: Callable[[int], Placement]) -> widgets.Widget:
