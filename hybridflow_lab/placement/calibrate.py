@@ -29,21 +29,29 @@ MODEL_STAGES = {"generate": "generate_sequences", "ref": "compute_ref_log_prob",
 
 
 class CollectiveProbe(Worker):
-    """Times gloo all-reduces inside pairs of ranks, every pair at once (as tensor-parallel pairs run)."""
+    """Times gloo all-reduces inside pairs of ranks, every pair at once and with a little compute between
+    them, as tensor-parallel decoding does (a peer that the OS has descheduled makes the other wait)."""
 
     def __init__(self) -> None:
         pairs = [dist.new_group([r, r + 1]) for r in range(0, self.world_size, 2)]
         self.pair = pairs[self.rank // 2]
+        self.left, self.right = torch.randn(32, 256), torch.randn(256, 1024)  # about a decoding layer's matmul
 
-    @register(Dispatch.ONE_TO_ALL)
-    def all_reduce_s(self, numel: int, repeats: int) -> float:
-        tensor = torch.zeros(numel)
-        dist.all_reduce(tensor, group=self.pair)
+    def _loop_s(self, tensor: torch.Tensor | None, repeats: int) -> float:
         dist.barrier()
         start = time.perf_counter()
         for _ in range(repeats):
-            dist.all_reduce(tensor, group=self.pair)
+            self.left @ self.right
+            if tensor is not None:
+                dist.all_reduce(tensor, group=self.pair)
         return (time.perf_counter() - start) / repeats
+
+    @register(Dispatch.ONE_TO_ALL)
+    def all_reduce_s(self, numel: int, repeats: int) -> float:
+        """Seconds one all-reduce of ``numel`` floats adds to an iteration of compute."""
+        tensor = torch.zeros(numel)
+        self._loop_s(tensor, 2)
+        return self._loop_s(tensor, repeats) - self._loop_s(None, repeats)
 
 
 def collective_rates(ranks: int, repeats: int = 50) -> tuple[float, float]:
