@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 
-from hybridflow_lab.placement.hardware import HardwareProfile
+from hybridflow_lab.placement.hardware import GIB, HardwareProfile
 from hybridflow_lab.placement.simulator import MEMORY_RESERVE, ModelCost, Parallelism, model_cost, resident_bytes
 from hybridflow_lab.placement.workload import Workload
 
@@ -72,7 +72,7 @@ class MappingPlan:
                 "stage_s": {k: round(v, 4) for k, v in self.stage_s.items()},
                 "sets": [{"roles": list(s.roles), "devices": s.devices,
                           "models": {c.role: {"t": c.parallel.t, "p": c.parallel.p, "d": c.parallel.d,
-                                              "tg": c.parallel.tg, "memory_gib": round(c.memory_bytes / 2**30, 3),
+                                              "tg": c.parallel.tg, "memory_gib": round(c.memory_bytes / GIB, 3),
                                               "stage_s": {k: round(v, 4) for k, v in c.stage_s.items()}}
                                      for c in s.costs}} for s in self.sets]}
 

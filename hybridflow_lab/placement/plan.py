@@ -17,13 +17,13 @@ from typing import Any
 import yaml
 
 from hybridflow_lab.config import ConfigError, LabConfig
-from hybridflow_lab.placement.hardware import HardwareProfile
+from hybridflow_lab.placement.hardware import GIB, HardwareProfile
+from hybridflow_lab.placement.report import text_table
 from hybridflow_lab.placement.simulator import MEMORY_RESERVE, Parallelism, resident_bytes
 from hybridflow_lab.placement.workload import ROLES, Workload
 from hybridflow_lab.trainer.lab import check_config, trained_roles
 from hybridflow_lab.trainer.presets import resolve_config
 
-GIB = 2**30
 INSIDE_ACTOR = ("reference", "reward", "cost")  # the Lab runs these in the actor's processes
 
 
@@ -136,12 +136,10 @@ class Placement:
     def table(self) -> str:
         """One line per model: its pool, devices and parallel sizes."""
         header = ("model", "pool", "devices", "t", "p", "d", "tg", "pg", "engine")
-        rows = [header] + [
+        return text_table([header] + [
             (model, pool, str(self.pools[pool]), *map(str, (par.t, par.p, par.d, par.tg, self.size_of(model).pg)),
              self.engines.get(model, "-"))
-            for model, pool in self.assignment.items() for par in [self.parallelism(model)]]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-        return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+            for model, pool in self.assignment.items() for par in [self.parallelism(model)]])
 
     def _repr_html_(self) -> str:
         lines = self.table().splitlines()

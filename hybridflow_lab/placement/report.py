@@ -25,9 +25,14 @@ def plans_table(plans: Sequence[MappingPlan]) -> str:
     header = ["#", "kind", *[f"{s} s" for s in stages], "total s", "placement"]
     rows = [[str(rank), plan.kind, *[f"{plan.stage_s[s]:.3g}" for s in stages], f"{plan.total_s:.3g}",
              plan.describe()] for rank, plan in enumerate(plans, 1)]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    return text_table([header, *rows])
+
+
+def text_table(rows: Sequence[Sequence[str]]) -> str:
+    """Rows of cells as aligned text columns; the last column is not padded (it may be long)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]])
-                     for row in [header, *rows])
+                     for row in rows)
 
 
 def compare_with_paper(hardware: HardwareProfile, sizes: Sequence[str] = tuple(LLAMA),

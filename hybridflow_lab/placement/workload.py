@@ -8,7 +8,7 @@ responses, 1024 prompts per batch).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from transformers import PretrainedConfig
 
@@ -89,7 +89,7 @@ class Workload:
     dtype_bytes: int = 2
     recompute_log_probs: bool = True  # False: one optimizer step per batch, the update's forward gives them
     name: str = "workload"
-    stages: tuple[str, ...] = field(default=("generation", "preparation", "training"))
+    stages: tuple[str, ...] = ("generation", "preparation", "training")
 
     def __post_init__(self) -> None:
         unknown = set(self.models) - set(ROLES)

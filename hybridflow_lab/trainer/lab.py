@@ -62,7 +62,8 @@ def needs_old_log_probs(config: LabConfig) -> bool:
 
 
 def place(config: LabConfig, placement: Placement) -> LabConfig:
-    """``config`` run with ``placement``, after checking it and that its pools fit this machine's memory."""
+    """``config`` run with ``placement``, checked (``Placement.apply``) and its pools fitted to this machine's
+    memory."""
     from hybridflow_lab.placement.hardware import machine_profile
     from hybridflow_lab.placement.workload import workload_from_config
 
@@ -84,8 +85,9 @@ class Lab:
                  name: str | None = None, start: bool = True, resume: bool = False,
                  placement: Placement | None = None) -> None:
         self.config = resolve_config(config, overrides)
-        check_config(self.config)
-        if placement is not None:
+        if placement is None:
+            check_config(self.config)
+        else:  # the placed config is what runs, and what gets checked
             self.config = place(self.config, placement)
         self.name = name or Path(self.config.trainer.run_dir).name
         self.run_dir = Path(self.config.trainer.run_dir)
