@@ -47,6 +47,7 @@ class MappingPlan:
     sets: tuple[ColocatedSet, ...]
     stage_s: dict[str, float]
     controller_s: float = 0.0  # the controller's own work per iteration (rewards, advantages, data movement)
+    concurrent: bool = True  # the sets run side by side (each stage waits for the slowest), or one after another
 
     @property
     def total_s(self) -> float:
@@ -217,7 +218,8 @@ def plan_of(sets: tuple[ColocatedSet, ...], stages: Sequence[str], concurrent: b
     """``d_cost``: stage times add within a set; each stage waits for the slowest set when sets run side by side
     (``concurrent``, the paper's execution), or for all of them when the controller calls them one by one."""
     combine = max if concurrent else sum
-    return MappingPlan(sets, {stage: combine(s.stage_s(stage) for s in sets) for stage in stages}, controller_s)
+    return MappingPlan(sets, {stage: combine(s.stage_s(stage) for s in sets) for stage in stages}, controller_s,
+                       concurrent)
 
 
 def _pareto(costs: list[ModelCost]) -> list[ModelCost]:

@@ -32,12 +32,6 @@ def plan_labels(plans: Sequence[MappingPlan]) -> list[str]:
     return [f"#{rank} {plan.kind}" for rank, plan in enumerate(plans, 1)]
 
 
-def sets_run_in_turn(plan: MappingPlan, stage: str) -> bool:
-    """Whether the stage's seconds are the sets' sum rather than their maximum (``concurrent_sets=False``)."""
-    seconds = [colocated.stage_s(stage) for colocated in plan.sets]
-    return plan.stage_s[stage] > max(seconds) * (1 + 1e-9) + 1e-12
-
-
 def plan_gantt(plans: Sequence[MappingPlan], labels: Sequence[str] | None = None,
                title: str = "predicted seconds per iteration, by stage") -> go.Figure:
     """One row per plan (first plan on top). Trace ``<stage>`` holds the stage bars (``base`` = the stage's start,
@@ -59,7 +53,7 @@ def plan_gantt(plans: Sequence[MappingPlan], labels: Sequence[str] | None = None
         for row, plan in enumerate(plans):
             if stage not in plan.stage_s:
                 continue
-            in_turn, thickness = sets_run_in_turn(plan, stage), ROW_HEIGHT / len(plan.sets)
+            in_turn, thickness = not plan.concurrent, ROW_HEIGHT / len(plan.sets)
             begin = start[row]
             for slot, colocated in enumerate(plan.sets):
                 bars["y"].append(labels[row])
