@@ -43,7 +43,7 @@ class HybridEngineProbe(Worker):
         full = load_causal_lm(model_dir)
         layout = HybridLayout(t=t, tg=tg, d=self.world_size // t)
         groups = process_groups(self.device_mesh)
-        self.model = shard_model(full, TensorParallel(t, self.rank % t, groups.training_tp))
+        self.model = shard_model(full, TensorParallel(t, layout.training_tp_rank(self.rank), groups.training_tp))
         self.resharders = {s: Resharder(self.model, layout, self.rank, groups, s) for s in STRATEGIES}
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
 

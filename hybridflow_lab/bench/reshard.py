@@ -31,7 +31,7 @@ class ReshardBenchWorker(Worker):
         full = load_causal_lm(model_dir)
         layout = HybridLayout(t=t, tg=tg, d=self.world_size // t)
         groups = process_groups(self.device_mesh)
-        model = shard_model(full, TensorParallel(t, self.rank % t, groups.training_tp))
+        model = shard_model(full, TensorParallel(t, layout.training_tp_rank(self.rank), groups.training_tp))
         del full
         self.resharders = {s: Resharder(model, layout, self.rank, groups, s) for s in STRATEGIES}
 

@@ -71,9 +71,13 @@ class HybridLayout:
     def training_tp_groups(self) -> list[list[int]]:
         return self.training_mesh().groups("tp")
 
+    def training_tp_rank(self, rank: int) -> int:
+        """Which training shard ``rank`` holds: its position in its training TP group."""
+        return rank % self.t
+
     def generation_tp_rank(self, rank: int) -> int:
         """Which generation shard ``rank`` holds: its micro-DP group's position in its training TP group."""
-        return (rank % self.t) // self.dg
+        return self.training_tp_rank(rank) // self.dg
 
 
 def formula_bytes_per_rank(strategy: str, layout: HybridLayout, model_bytes: int) -> float:

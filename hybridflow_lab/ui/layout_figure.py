@@ -28,7 +28,8 @@ def shard_layout_figure(layout: HybridLayout) -> go.Figure:
     """
     t, ranks = layout.t, range(layout.world_size)
     group_of = {rank: group for group in layout.micro_dp_groups() for rank in group}
-    pieces = {rank: [peer % t for peer in group_of[rank]] for rank in ranks}  # training shards, in order
+    # each rank's generation shard: its micro-DP group's training shards, in order
+    pieces = {rank: [layout.training_tp_rank(peer) for peer in group_of[rank]] for rank in ranks}
     tp_group_of = {rank: group for group in layout.generation_tp_groups() for rank in group}
     figure = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04, subplot_titles=(
         f"training  p-t-d = 1-{t}-{layout.d}",
@@ -36,11 +37,12 @@ def shard_layout_figure(layout: HybridLayout) -> go.Figure:
     for shard in range(t):
         style = {"marker_color": COLORS[shard % len(COLORS)], "legendgroup": f"T{shard}", "base": shard,
                  "text": f"T{shard}", "textposition": "inside", "insidetextanchor": "middle", "width": 0.8}
-        holders = [rank for rank in ranks if rank % t == shard]
+        holders = [rank for rank in ranks if layout.training_tp_rank(rank) == shard]
         figure.add_trace(go.Bar(name=f"T{shard}", x=holders, y=[1] * len(holders), **style), row=1, col=1)
         gatherers = [rank for rank in ranks if shard in pieces[rank]]
         figure.add_trace(go.Bar(name=f"T{shard}", x=gatherers, y=[1] * len(gatherers), showlegend=False,
-                                marker_pattern_shape=["" if rank % t == shard else RECEIVED for rank in gatherers],
+                                marker_pattern_shape=["" if layout.training_tp_rank(rank) == shard else RECEIVED
+                                                      for rank in gatherers],
                                 **style), row=1, col=2)
     names = {rank: f"G{layout.generation_tp_rank(rank)}" for rank in ranks}
     figure.add_trace(go.Scatter(
