@@ -73,7 +73,7 @@ QUICK_BENCH = {
     "train": {"size": "tiny", "rows": 4, "response": 8, "steps": 1, "engines": (("torch", 0), ("deepspeed", 3))},
     "e2e": {"steps": 1, "warmup": 1},
     "reshard": {"repeats": 1, "warmup": 0, "size": "tiny", "layouts": ((2, 1),), "ranks": 2},
-    "placement": {"steps": 1, "warmup": 1, "settings": (("d1", 1, 1, 1), ("d2", 2, 1, 1)), "calibration_steps": 1},
+    "placement": {"steps": 1, "warmup": 1, "rounds": 1, "settings": (("d1", 1, 1, 1), ("d2", 2, 1, 1))},
     "dashboard": {"blocks": 1, "steps_per_block": 1, "warmup": 0, "ranks": 1, "engine": "torch", "backend": "local"},
 }
 

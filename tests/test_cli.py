@@ -108,3 +108,8 @@ def test_bench_placement_calibrates_then_compares_predicted_and_measured_steps()
         assert set(row["predicted_stage_s"]) == set(row["measured_stage_s"]) == {"generation", "preparation",
                                                                                  "training"}
     assert sorted(report["ranking_predicted"]) == sorted(report["ranking_measured"]) == ["d1", "d2"]
+    calibration, held_out = report["results"]
+    assert calibration["calibration"] and not held_out["calibration"]
+    assert len(calibration["measured_rounds_s"]) == report["rounds"] == 1
+    # the profile comes from d1's own steps, so the simulator must give back d1's step
+    assert abs(calibration["error"]) < 0.1

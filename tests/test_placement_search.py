@@ -150,6 +150,8 @@ def test_ranking_check_ignores_settings_measured_within_noise():
                                                                       "predicted_s": 1.1},
             {"setting": "c", "measured_s": 2.0, "predicted_s": 1.0}]
     assert misordered_pairs(rows) == [("a", "c"), ("b", "c")]
+    rounds = {"a": [0.9, 1.1], "b": [0.95, 1.1], "c": [1.05, 2.95]}  # a round of c was faster than one of a
+    assert misordered_pairs([{**row, "measured_rounds_s": rounds[row["setting"]]} for row in rows]) == []
 
 
 def test_the_labs_reference_follows_the_actors_tensor_parallel_sizes(tmp_path):

@@ -14,7 +14,7 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -22,8 +22,9 @@ import torch.distributed as dist
 
 from hybridflow_lab.controller import Dispatch, ResourcePool, Role, Worker, WorkerGroup, register
 from hybridflow_lab.placement.hardware import PROFILES, HardwareProfile
-from hybridflow_lab.placement.workload import workload_from_config
-from hybridflow_lab.telemetry import Phase
+from hybridflow_lab.placement.plan import Placement
+from hybridflow_lab.placement.workload import Workload, workload_from_config
+from hybridflow_lab.telemetry import Phase, Span
 
 MODEL_STAGES = {"generate": "generate_sequences", "ref": "compute_ref_log_prob", "update_actor": "update_actor"}
 
@@ -66,25 +67,48 @@ def collective_rates(ranks: int, repeats: int = 50) -> tuple[float, float]:
     return latency, numel * 4 / max(large - latency, 1e-9)  # a 2-rank ring all-reduce moves the tensor once
 
 
-def _median_execute(spans: list[Any], method: str, first_step: int) -> float:
-    return statistics.median(s.duration for s in spans if s.name == method and (s.step or 0) >= first_step)
+@dataclass(frozen=True)
+class StandardRun:
+    """Measured steps of the standard workload on one placement: their metrics, the ranks' execute spans
+    (of those steps only) and what ran."""
+
+    history: list[dict[str, float]]
+    spans: list[Span]
+    placement: Placement
+    workload: Workload
+
+    @staticmethod
+    def merged(runs: list[StandardRun]) -> StandardRun:
+        """One run holding the steps of several runs of the same setting."""
+        return StandardRun([m for r in runs for m in r.history], [s for r in runs for s in r.spans],
+                           runs[0].placement, runs[0].workload)
 
 
-def calibrate(steps: int = 3, warmup: int = 1) -> tuple[HardwareProfile, dict[str, Any]]:
-    """The calibrated CPU profile and the measurements it came from."""
+def run_standard(ranks: int = 1, t: int = 1, tg: int = 1, steps: int = 3, warmup: int = 1) -> StandardRun:
+    """Run the standard workload (bench e2e's, torch engine) on ``ranks`` actor ranks with training TP ``t``
+    and generation TP ``tg``; the first ``warmup`` steps are not kept."""
     from hybridflow_lab.bench.e2e import standard_lab
 
     with tempfile.TemporaryDirectory() as tmp:
-        lab = standard_lab(tmp, ranks=1, engine="torch")
+        lab = standard_lab(tmp, ranks, "torch", extra=(f"actor.engine.tensor_parallel={t}",
+                                                        f"rollout.tensor_parallel={tg}"))
         try:
             history = [lab.step() for _ in range(warmup + steps)][warmup:]
-            spans = lab.telemetry.spans(phase=Phase.EXECUTE)
-            workload = workload_from_config(lab.config)
+            spans = [s for s in lab.telemetry.spans(phase=Phase.EXECUTE) if (s.step or 0) >= warmup]
+            return StandardRun(history, spans, lab.placement, workload_from_config(lab.config))
         finally:
             lab.shutdown()
-    execute = {stage: _median_execute(spans, method, warmup) for stage, method in MODEL_STAGES.items()}
-    timing = {stage: statistics.median(m.get(f"timing_s/{stage}", 0.0) for m in history)
+
+
+def profile_from_run(run: StandardRun) -> tuple[HardwareProfile, dict[str, Any]]:
+    """The calibrated CPU profile from a one-rank run of the standard workload, and the measurements behind it."""
+    if run.placement.parallelism("actor").devices != 1:
+        raise ValueError("calibration needs a run of the standard workload on one actor rank")
+    execute = {stage: statistics.median(s.duration for s in run.spans if s.name == method)
+               for stage, method in MODEL_STAGES.items()}
+    timing = {stage: statistics.median(m.get(f"timing_s/{stage}", 0.0) for m in run.history)
               for stage in (*MODEL_STAGES, "step")}
+    workload = run.workload
     spec, length = workload.models["actor"], workload.sequence_tokens
     forward_flops = workload.sequences * length * spec.flops_per_token(length // 2)
     infer_rate = forward_flops / execute["ref"]
@@ -100,7 +124,8 @@ def calibrate(steps: int = 3, warmup: int = 1) -> tuple[HardwareProfile, dict[st
         train_efficiency=train_rate / infer_rate, bandwidth_efficiency=1.0,
         decode_step_overhead_s=max(0.0, decode_step_s - decode_compute_s),
         call_overhead_s=statistics.median(timing[s] - execute[s] for s in MODEL_STAGES),
-        step_overhead_s=timing["step"] - sum(timing[s] for s in MODEL_STAGES),
+        step_overhead_s=statistics.median(m["timing_s/step"] - sum(m.get(f"timing_s/{s}", 0.0) for s in MODEL_STAGES)
+                                          for m in run.history),
         collective_latency_s=latency, intra_node_bandwidth=bandwidth, inter_node_bandwidth=bandwidth,
         cores=cores,
     )
@@ -108,3 +133,8 @@ def calibrate(steps: int = 3, warmup: int = 1) -> tuple[HardwareProfile, dict[st
                 "decode_step_s": decode_step_s, "decode_compute_s": decode_compute_s,
                 "all_reduce_latency_s": latency, "all_reduce_bytes_per_s": bandwidth}
     return profile, measured
+
+
+def calibrate(steps: int = 3, warmup: int = 1) -> tuple[HardwareProfile, dict[str, Any]]:
+    """Run the standard workload on one rank and return the calibrated CPU profile and its measurements."""
+    return profile_from_run(run_standard(steps=steps, warmup=warmup))
