@@ -24,7 +24,7 @@ from hybridflow_lab.algorithms.kl import AdaptiveKLController, FixedKLController
 from hybridflow_lab.algorithms.registry import get_advantage_estimator, get_policy_loss
 from hybridflow_lab.algorithms.safe_rlhf import LagrangeMultiplier
 from hybridflow_lab.config import LabConfig, to_dict, validate
-from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup, init_cluster
+from hybridflow_lab.controller import ResourcePool, Role, WorkerCallError, WorkerGroup, init_cluster
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.tasks.base import Example
 from hybridflow_lab.tasks.prompts import encode_prompts
@@ -93,12 +93,8 @@ class Lab:
         self.run_dir = Path(self.config.trainer.run_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.actor.model_path, local_files_only=True)
         self.task = build_task(self.config)
-        algorithm = self.config.algorithm
-        self.kl = AdaptiveKLController(algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon) \
-            if algorithm.kl_target > 0 else FixedKLController(algorithm.kl_coef)
-        self.lagrange = LagrangeMultiplier(algorithm.lagrange_init, algorithm.lagrange_lr, algorithm.cost_limit)
+        self._reset_run_state()
         self.telemetry = TelemetryStore()
-        self.step_index = 0
         self.history: list[dict[str, float]] = []  # each step's metrics, with its "step"
         self.samples: list[dict[str, Any]] = []  # a few rows of each step's batch, with their "step"
         self.last_batch: DataBatch | None = None
@@ -108,7 +104,6 @@ class Lab:
         self._pools: list[ResourcePool] = []
         self._metrics: dict[str, float] = {}
         self._calls = 0
-        self._next_uid = 0
         self.log: MetricsLog | None = None
         self._spans: JsonlSink | None = None
         if start:
@@ -141,6 +136,37 @@ class Lab:
             self.load()
         else:  # a fresh run in a used directory: earlier runs' metrics would mix into this one's
             self.log.truncate_after(self.step_index)
+
+    def recover(self) -> int:
+        """Rebuild the worker groups after a failure (a dead worker, an interrupted collective) and continue
+        from the run's latest checkpoint, or from step 0 without one; returns the step it continues from."""
+        if checkpointing.latest(self.run_dir) is None:
+            self.task = build_task(self.config)
+            self._reset_run_state()
+            self._forget_steps_after(0)
+        self.start(resume=True)
+        return self.step_index
+
+    def _reset_run_state(self) -> None:
+        """The controller's state at step 0: the step counter, prompt ids, KL and Lagrange controllers."""
+        algorithm = self.config.algorithm
+        self.kl = AdaptiveKLController(algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon) \
+            if algorithm.kl_target > 0 else FixedKLController(algorithm.kl_coef)
+        self.lagrange = LagrangeMultiplier(algorithm.lagrange_init, algorithm.lagrange_lr, algorithm.cost_limit)
+        self.step_index, self._next_uid = 0, 0
+
+    def _forget_steps_after(self, step: int) -> None:
+        """Drop the metrics and samples of steps after ``step`` (they are replayed from there)."""
+        self.history = [m for m in self.history if m["step"] <= step]
+        self.samples = [row for row in self.samples if row["step"] <= step]
+        if self.log is not None:
+            self.log.truncate_after(step)
+
+    def _recovery_hint(self) -> str:
+        checkpoint = checkpointing.latest(self.run_dir)
+        where = f"checkpoint {checkpoint} (step {checkpointing.read_state(checkpoint)['step']})" if checkpoint \
+            else f"step 0 (no checkpoint under {self.run_dir / 'checkpoints'} yet)"
+        return f"lab.recover() rebuilds the worker groups and continues from {where}"
 
     @property
     def placement(self) -> Placement:
@@ -211,6 +237,10 @@ class Lab:
         try:
             with self.telemetry.stage(stage.value):
                 yield summary
+        except WorkerCallError as error:
+            error.add_note(f"in the Lab's {stage.value!r} stage, {self.step_index} steps completed; "
+                           + self._recovery_hint())
+            raise
         finally:
             unsubscribe()
             summary.seconds = time.perf_counter() - start
@@ -423,18 +453,27 @@ class Lab:
         """Checkpoint every role and the controller state for ``step_index`` (atomically)."""
         with self._stage(Stage.SAVE):
             staging = checkpointing.staging_dir(self.run_dir, self.step_index)
-            for role, group in self._trained_groups().items():
-                group.save_checkpoint(str(staging / role))
-            state = {"step": self.step_index, "next_uid": self._next_uid, "source": self.task.source.state_dict(),
-                     "kl": self.kl.state_dict(), "lagrange": self.lagrange.state_dict(),
-                     "config": to_dict(self.config)}
-            return checkpointing.commit(self.run_dir, self.step_index, state, self.config.trainer.keep_checkpoints)
+            try:
+                for role, group in self._trained_groups().items():
+                    group.save_checkpoint(str(staging / role))
+                state = {"step": self.step_index, "next_uid": self._next_uid,
+                         "source": self.task.source.state_dict(), "kl": self.kl.state_dict(),
+                         "lagrange": self.lagrange.state_dict(), "config": to_dict(self.config)}
+                return checkpointing.commit(self.run_dir, self.step_index, state,
+                                            self.config.trainer.keep_checkpoints)
+            except BaseException as error:
+                checkpointing.discard_staging(self.run_dir, self.step_index)
+                previous = checkpointing.latest(self.run_dir)
+                error.add_note(f"the checkpoint of step {self.step_index} was not written; "
+                               + (f"{previous} is intact" if previous else "there is no earlier checkpoint"))
+                raise
 
     def load(self, checkpoint: str | os.PathLike[str] | None = None) -> int:
         """Restore roles and controller state from ``checkpoint`` (default: the run's latest); returns its step."""
         path = Path(checkpoint) if checkpoint is not None else checkpointing.latest(self.run_dir)
         if path is None:
             raise FileNotFoundError(f"no checkpoint under {self.run_dir / 'checkpoints'}")
+        checkpointing.verify(path)
         state = checkpointing.read_state(path)
         for role, group in self._trained_groups().items():
             group.load_checkpoint(str(path / role))
@@ -442,8 +481,7 @@ class Lab:
         self.task.source.load_state_dict(state["source"])
         self.kl.load_state_dict(state["kl"])
         self.lagrange.load_state_dict(state["lagrange"])
-        if self.log is not None:
-            self.log.truncate_after(self.step_index)
+        self._forget_steps_after(self.step_index)
         return self.step_index
 
     def __repr__(self) -> str:
