@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import math
 import os
 import resource
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import ray
+import torch
 
+from hybridflow_lab.config import ConfigError
 from hybridflow_lab.controller import WorkerCallError
+from hybridflow_lab.controller.interrupts import interrupts_held
 from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.telemetry import Phase
 from hybridflow_lab.trainer import checkpointing
 from hybridflow_lab.trainer.checkpointing import CheckpointError
-from hybridflow_lab.trainer.lab import Lab
+from hybridflow_lab.trainer.lab import TRAINING_COLUMNS, Lab
+from hybridflow_lab.workers.reward_guard import RewardFunctionError, RewardGuard
 
 COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean")
 
@@ -34,17 +41,25 @@ def run_overrides(model_dir, run_dir, backend="ray", *extra):
             "batch.micro_batch_sequences_per_rank=4", "task.eval_size=8", "rollout.max_new_tokens=5", *extra)
 
 
-def kill_rank_when_dispatched(lab: Lab, method: str, rank: int) -> None:
-    """SIGKILL ``rank``'s process of the actor group right after the controller submits ``method`` to it."""
+def on_dispatch(lab: Lab, method: str, action) -> None:
+    """Run ``action()`` once, right after the controller has handed ``method`` to the actor's ranks."""
     actor = lab.actor
-    pid = ray.get(actor._backend.actors[rank].__ray_call__.remote(lambda host: os.getpid()))
 
     def listener(spans):
         if any(s.phase == Phase.DISPATCH and s.name == method and s.group == actor.name for s in spans):
             unsubscribe()
-            os.kill(pid, signal.SIGKILL)
+            action()
 
     unsubscribe = lab.telemetry.subscribe(listener)
+
+
+def rank_processes() -> int:
+    """Live processes hosting a worker rank (Ray names them after the actor class)."""
+    count = 0
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):  # the process ended meanwhile
+            count += cmdline.read_bytes().startswith(b"ray::RankHost")
+    return count
 
 
 @pytest.mark.slow
@@ -57,7 +72,8 @@ def test_a_worker_killed_mid_stage_is_named_and_the_run_recovers_from_its_checkp
     lab = Lab("arithmetic_grpo", overrides=run_overrides(model_dir, tmp_path / "faulty"))
     lab.run(2)  # checkpoint at step 2
     for method in ("generate_sequences", "update_actor"):
-        kill_rank_when_dispatched(lab, method, rank=1)
+        pid = ray.get(lab.actor._backend.actors[1].__ray_call__.remote(lambda host: os.getpid()))
+        on_dispatch(lab, method, lambda pid=pid: os.kill(pid, signal.SIGKILL))
         started = time.monotonic()
         with pytest.raises(WorkerCallError) as failure:
             lab.step()
@@ -132,3 +148,104 @@ def test_a_damaged_checkpoint_is_named_on_load(model_dir, tmp_path, damage):
         lab.load()
     assert lab.load(first) == 1
     lab.shutdown()
+
+
+def troublesome_reward(prompt: str, response: str, truth: object) -> float:
+    """A user's reward function with one bug of each kind, chosen by the response."""
+    if response == "raise":
+        raise ValueError("cannot parse")
+    if response == "nan":
+        return math.nan
+    if response == "hang":
+        time.sleep(600)
+    if response == "exit":
+        os._exit(3)
+    return float(len(response))
+
+
+ROWS = [("p", response, "t") for response in ("ab", "raise", "nan", "hang", "abc", "exit", "abcd")]
+
+
+def test_the_zero_policy_scores_bad_rows_zero_counts_them_and_stops_a_hung_function():
+    started = time.monotonic()
+    scores, counts = RewardGuard("zero", timeout_s=1.0).scores(troublesome_reward, ROWS)
+    assert time.monotonic() - started < 20  # the hung row cost its timeout, not 600 s
+    assert scores == [2.0, 0.0, 0.0, 0.0, 3.0, 0.0, 4.0]
+    assert counts == {"errors": 2, "nonfinite": 1, "timeouts": 1}  # raise and exit; nan; hang
+
+
+@pytest.mark.parametrize(("response", "problem"), [
+    ("raise", "raised ValueError: cannot parse"), ("nan", "returned nan"),
+    ("hang", r"did not return within task.reward_timeout_s=0.5 s"), ("exit", r"ended its process \(exit code 3\)")])
+def test_the_fail_policy_shows_the_row_and_the_setting_to_change(response, problem):
+    rows = [("p", "ok", "t"), ("12+3=", response, "15")]
+    with pytest.raises(RewardFunctionError, match=f"'troublesome_reward' {problem} on row 1: prompt '12\\+3=', "
+                       f"response '{response}', ground truth '15'; .*task.reward_on_error=zero"):
+        RewardGuard("fail", timeout_s=0.5).scores(troublesome_reward, rows)
+
+
+def test_the_lab_counts_rows_its_reward_function_could_not_score(model_dir, tmp_path):
+    overrides = (*one_rank_overrides(model_dir, tmp_path / "run"), "task.reward_on_error=zero")
+    lab = Lab("arithmetic_grpo", overrides=overrides)
+    lab.task.reward = lambda prompt, response, truth: math.inf if len(response) % 2 else 1.0
+    metrics = lab.step()
+    lengths = [len(text) for text in lab.last_batch["response_text"]]
+    assert metrics["reward/nonfinite"] == sum(n % 2 for n in lengths) and metrics["reward/errors"] == 0
+    assert lab.last_batch["scores"].tolist() == [0.0 if n % 2 else 1.0 for n in lengths]
+    lab.shutdown()
+    with pytest.raises(ConfigError, match=r"task\.reward_on_error"):
+        Lab("arithmetic_grpo", overrides=(*overrides, "task.reward_on_error=skip"), start=False)
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_a_nonfinite_update_never_reaches_the_weights(model_dir, tmp_path, policy):
+    overrides = (*one_rank_overrides(model_dir, tmp_path / "run"), f"trainer.on_nonfinite={policy}")
+    lab = Lab("arithmetic_grpo", overrides=overrides)
+    lab.step()
+    batch = lab.last_batch.select(*TRAINING_COLUMNS, "advantages")
+    batch["advantages"] = torch.randn(batch["advantages"].shape, generator=torch.Generator().manual_seed(0))
+    before = lab.old_log_prob(batch)["old_log_probs"]
+    poisoned = batch.select(*batch.keys())
+    poisoned["advantages"] = torch.full_like(batch["advantages"], math.nan)
+    if policy == "stop":
+        with pytest.raises(WorkerCallError, match=r"NonFiniteUpdate: .*pg_loss is nan.* was not applied") as failure:
+            lab.update_actor(poisoned)
+        assert any("'update_actor' stage" in note for note in failure.value.__notes__)
+    else:
+        assert lab.update_actor(poisoned)["actor/nonfinite_skipped"] == 1.0
+    assert torch.equal(lab.old_log_prob(batch)["old_log_probs"], before)  # weights and optimizer untouched
+    assert lab.update_actor(batch)["actor/nonfinite_skipped"] == 0.0  # and the next update applies
+    assert not torch.equal(lab.old_log_prob(batch)["old_log_probs"], before)
+    lab.shutdown()
+
+
+def test_an_interrupt_during_submission_is_held_until_the_block_ends():
+    finished = []
+    with pytest.raises(KeyboardInterrupt), interrupts_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)  # the handler has run by now; the block goes on
+        finished.append(True)
+    assert finished == [True]
+
+
+@pytest.mark.slow
+def test_an_interrupted_stage_leaves_the_lab_usable_and_rebuilding_it_replaces_its_workers(ray_cluster, model_dir,
+                                                                                          tmp_path):
+    before = rank_processes()
+    overrides = run_overrides(model_dir, tmp_path / "run", "ray", "trainer.save_every=0")
+    lab = Lab("arithmetic_grpo", overrides=overrides)
+    lab.step()
+    on_dispatch(lab, "update_actor", lambda: os.kill(os.getpid(), signal.SIGINT))  # the kernel's interrupt
+    with pytest.raises(KeyboardInterrupt):
+        lab.step()
+    assert lab.step_index == 1
+    assert math.isfinite(lab.step()["actor/pg_loss"]) and lab.step_index == 2  # the step restarts and completes
+    old_groups = list(lab.groups.values())
+    rebuilt = Lab("arithmetic_grpo", overrides=overrides)  # re-running the notebook cell that built it
+    assert all(group.closed for group in old_groups)
+    rebuilt.step()
+    rebuilt.shutdown()
+    deadline = time.monotonic() + 30
+    while rank_processes() > before and time.monotonic() < deadline:  # killed actors exit asynchronously
+        time.sleep(0.5)
+    assert rank_processes() == before

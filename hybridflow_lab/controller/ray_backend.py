@@ -14,6 +14,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskErro
 
 from hybridflow_lab.controller.errors import WorkerCallError
 from hybridflow_lab.controller.host import RankHost, RankInfo, Role
+from hybridflow_lab.controller.interrupts import interrupts_held
 from hybridflow_lab.controller.resource_pool import ResourcePool
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.telemetry import Span
@@ -72,11 +73,12 @@ class RayRanks:
         """Submit one call per rank; an object sent to several ranks is stored in Ray only once."""
         shared = _shared_payloads(calls)
         handles = []
-        for rank, (args, kwargs) in zip(ranks, calls, strict=True):
-            args = tuple(shared.get(id(a), a) for a in args)
-            kwargs = {k: shared.get(id(v), v) for k, v in kwargs.items()}
-            result, spans = self.actors[rank].execute.remote(role, method, *args, **kwargs)
-            handles.append(RankHandle(rank, result, spans))
+        with interrupts_held():  # every rank gets the call, or none does
+            for rank, (args, kwargs) in zip(ranks, calls, strict=True):
+                args = tuple(shared.get(id(a), a) for a in args)
+                kwargs = {k: shared.get(id(v), v) for k, v in kwargs.items()}
+                result, spans = self.actors[rank].execute.remote(role, method, *args, **kwargs)
+                handles.append(RankHandle(rank, result, spans))
         return handles
 
     def done(self, handles: Sequence[RankHandle]) -> bool:

@@ -85,10 +85,19 @@ class DeepSpeedEngine(TrainEngine):
         if not self.engine.is_gradient_accumulation_boundary():
             self.engine.step()  # only counts the micro-step; the real step is _optimizer_step
 
-    def _optimizer_step(self) -> float:
+    def _clip_gradients(self) -> None:
+        return None  # DeepSpeed clips inside its step
+
+    def _optimizer_step(self, clipped_norm: float | None) -> float:
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
+
+    def _discard_gradients(self) -> None:
+        """Nothing to do: DeepSpeed counts micro-steps inside ``engine.step()``, so leaving out a boundary step
+        would shift every later accumulation boundary. A non-finite step therefore always stops the run
+        (the config check refuses ``trainer.on_nonfinite=skip`` here) and ``lab.recover()`` rebuilds the
+        engine from the last checkpoint."""
 
     def current_lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])

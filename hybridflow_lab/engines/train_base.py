@@ -5,6 +5,10 @@ schedule. ``train_step`` runs one optimizer step over a list of micro-batches: e
 micro-batch's loss is a *sum* over its units (tokens or sequences) and is scaled by the
 number of units across all micro-batches and all data-parallel ranks, so the gradient is
 exactly the global mean whatever the split: the same as one process on the whole batch.
+
+Before the optimizer steps, a loss, metric or gradient norm that is NaN or infinite stops the
+update with ``NonFiniteUpdate`` (or, with ``skip_nonfinite``, drops the step's gradients and
+reports ``nonfinite_skipped``): the weights and optimizer state are never touched by it.
 """
 
 from __future__ import annotations
@@ -67,6 +71,10 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig) -> to
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+class NonFiniteUpdate(RuntimeError):
+    """A training step whose loss, metrics or gradient norm are NaN or infinite; nothing was applied."""
+
+
 class TrainEngine(ABC):
     """A model being trained with one backend; ``module`` is what to call for a forward pass."""
 
@@ -88,8 +96,16 @@ class TrainEngine(ABC):
     def _backward(self, loss: torch.Tensor) -> None: ...
 
     @abstractmethod
-    def _optimizer_step(self) -> float:
-        """Clip, step the optimizer and the schedule, zero the gradients; returns the gradient norm."""
+    def _clip_gradients(self) -> float | None:
+        """Clip by the global norm and return it; None where the backend clips inside its own step."""
+
+    @abstractmethod
+    def _optimizer_step(self, clipped_norm: float | None) -> float:
+        """Step the optimizer and the schedule, zero the gradients; returns the gradient norm."""
+
+    @abstractmethod
+    def _discard_gradients(self) -> None:
+        """Drop the accumulated gradients without stepping."""
 
     def _check_micro_batches(self, count: int) -> None:  # noqa: B027 - an optional hook
         """Backends with a fixed accumulation count reject other counts."""
@@ -123,8 +139,10 @@ class TrainEngine(ABC):
         finally:
             self.module.train(was_training)
 
-    def train_step(self, micro_batches: Sequence[DataBatch], loss_fn: LossFn, count_fn: CountFn) -> dict[str, float]:
-        """One optimizer step; returns the global mean loss and metrics, the gradient norm and the lr."""
+    def train_step(self, micro_batches: Sequence[DataBatch], loss_fn: LossFn, count_fn: CountFn,
+                   skip_nonfinite: bool = False) -> dict[str, float]:
+        """One optimizer step; returns the global mean loss and metrics, the gradient norm, the lr and
+        ``nonfinite_skipped`` (1 when the step was dropped for NaN/inf; see the module docstring)."""
         if not micro_batches:
             raise ValueError("train_step needs at least one micro-batch")
         self._check_micro_batches(len(micro_batches))
@@ -142,12 +160,21 @@ class TrainEngine(ABC):
             for key, value in {"loss": loss, **metrics}.items():
                 sums[key] = sums.get(key, 0.0) + value.detach().double()
         lr = self.current_lr()
-        grad_norm = self._optimizer_step()
-        self.global_step += 1
         keys = sorted(sums)
         totals = self._sum(torch.stack([torch.as_tensor(sums[k]).reshape(()) for k in keys]))
         result = {k: float(v) / total for k, v in zip(keys, totals, strict=True)}
-        return {**result, "grad_norm": grad_norm, "lr": lr}
+        norm = self._clip_gradients()
+        bad = {k: v for k, v in {**result, "grad_norm": norm}.items() if v is not None and not math.isfinite(v)}
+        if bad:
+            self._discard_gradients()
+            if not skip_nonfinite:
+                named = ", ".join(f"{k} is {v}" for k, v in bad.items())
+                raise NonFiniteUpdate(f"{named} in optimizer step {self.global_step + 1}; the step was not applied "
+                                      "(trainer.on_nonfinite=skip drops such steps and carries on)")
+            return {**result, "grad_norm": math.nan if norm is None else norm, "lr": lr, "nonfinite_skipped": 1.0}
+        grad_norm = self._optimizer_step(norm)
+        self.global_step += 1
+        return {**result, "grad_norm": grad_norm, "lr": lr, "nonfinite_skipped": 0.0}
 
     def _sum(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.dp_size > 1:
@@ -167,17 +194,23 @@ class TorchOptimizerEngine(TrainEngine):
         self.optimizer = build_optimizer(parameters, optim)
         self.scheduler = build_scheduler(self.optimizer, optim)
 
-    def _optimizer_step(self) -> float:
+    def _clip_gradients(self) -> float:
         max_norm = self.optim_config.grad_clip or float("inf")
         if self.tp.enabled:
             norm = clip_grad_norm(self.model, max_norm, self.tp)
         else:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
             norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a DTensor under FSDP2
+        return float(norm)
+
+    def _optimizer_step(self, clipped_norm: float | None) -> float:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
+        return float(clipped_norm)
+
+    def _discard_gradients(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
 
     def current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])

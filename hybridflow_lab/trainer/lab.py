@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,10 +41,12 @@ from hybridflow_lab.trainer.stages import Stage
 from hybridflow_lab.trainer.task_setup import build_task
 from hybridflow_lab.workers import ActorWorker, CriticWorker, RewardModelWorker, rule_scores
 from hybridflow_lab.workers.reward import token_level
+from hybridflow_lab.workers.reward_guard import RewardGuard
 
 if TYPE_CHECKING:
     from hybridflow_lab.placement import Placement
 
+_running_labs: dict[str, weakref.ref[Lab]] = {}  # by name: what a re-run notebook cell replaces
 TRAINING_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 
 
@@ -93,6 +96,7 @@ class Lab:
         self.run_dir = Path(self.config.trainer.run_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.actor.model_path, local_files_only=True)
         self.task = build_task(self.config)
+        self.reward_guard = RewardGuard.from_config(self.config.task)
         self._reset_run_state()
         self.telemetry = TelemetryStore()
         self.history: list[dict[str, float]] = []  # each step's metrics, with its "step"
@@ -111,7 +115,12 @@ class Lab:
 
     # ------------------------------------------------------------------ lifetime
     def start(self, resume: bool = False) -> None:
-        """Start (or restart) the worker groups; with ``resume``, continue from the latest checkpoint."""
+        """Start (or restart) the worker groups; with ``resume``, continue from the latest checkpoint.
+        A running Lab of the same name (the notebook cell that built it, run again) is shut down first."""
+        previous = _running_labs.get(self.name)
+        if previous is not None and previous() not in (None, self):
+            previous().shutdown()
+        _running_labs[self.name] = weakref.ref(self)
         self.shutdown()
         config = self.config
         if config.backend == "ray":
@@ -278,12 +287,19 @@ class Lab:
             if "reward_model" in self.groups:
                 scores = self.groups["reward_model"].compute_rm_score(batch.select(*TRAINING_COLUMNS))["scores"]
             else:
-                scores = rule_scores(batch, self.task.reward)["scores"]
+                scores = self._rule_scores(batch, self.task.reward, "reward")
             scores = scores + self.task.shaping(batch["response_mask"].sum(-1))
             columns = {"scores": scores, "token_level_scores": token_level(scores, batch["response_mask"])}
             if self.task.cost is not None:
-                columns["costs"] = rule_scores(batch, self.task.cost)["scores"]
+                columns["costs"] = self._rule_scores(batch, self.task.cost, "cost")
             return summary.attach(batch.union(DataBatch(columns)))
+
+    def _rule_scores(self, batch: DataBatch, fn: Callable[..., float], name: str) -> torch.Tensor:
+        """``fn``'s scores under the run's reward guard; rows it cannot score count in ``<name>/errors`` etc."""
+        scored = rule_scores(batch, fn, self.reward_guard)
+        for kind, count in scored.meta["reward_failures"].items():
+            self._metrics[f"{name}/{kind}"] = self._metrics.get(f"{name}/{kind}", 0) + count
+        return scored["scores"]
 
     @property
     def needs_old_log_probs(self) -> bool:
@@ -412,7 +428,7 @@ class Lab:
         examples = examples if examples is not None else self.task.eval_examples
         with self._stage(Stage.EVALUATE):
             out = self.actor.generate_sequences(self._encode(examples), greedy=True, n=1, seed=0)
-            scores = rule_scores(out, self.task.reward)["scores"]
+            scores = rule_scores(out, self.task.reward, self.reward_guard)["scores"]
         return {"eval/accuracy": accuracy(scores), "eval/score": float(scores.mean())}
 
     def show(self, batch: DataBatch | None = None, rows: int = 8) -> Any:

@@ -53,7 +53,9 @@ def train_minibatches(engine: TrainEngine, rows: DataBatch, config: LabConfig, r
         mask = micro["response_mask"]
         return aggregate(torch.zeros(mask.shape), mask, mode)[1]
 
+    skip_nonfinite = config.trainer.on_nonfinite == "skip"
     steps = []
     for mini in minibatches(rows, per_rank_minibatch(batch, ranks), batch.update_epochs, seed):
-        steps.append(engine.train_step(micro_batches(mini, batch.micro_batch_sequences_per_rank), loss, units))
+        steps.append(engine.train_step(micro_batches(mini, batch.micro_batch_sequences_per_rank), loss, units,
+                                       skip_nonfinite))
     return average(steps)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from hybridflow_lab.controller import Dispatch, Worker, register
 from hybridflow_lab.models.heads import last_token_scores, load_scalar_model
 from hybridflow_lab.protocol import DataBatch
-
-RewardFn = Callable[[str, str, object], float]
+from hybridflow_lab.workers.reward_guard import FAIL_ON_ERROR, RewardFn, RewardGuard
 
 
 def token_level(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -19,13 +16,15 @@ def token_level(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tens
     return last.float() * scores[:, None]
 
 
-def rule_scores(batch: DataBatch, fn: RewardFn) -> DataBatch:
-    """Score every row with ``fn(prompt_text, response_text, ground_truth)`` (runs wherever it is called)."""
+def rule_scores(batch: DataBatch, fn: RewardFn, guard: RewardGuard = FAIL_ON_ERROR) -> DataBatch:
+    """Score every row with ``fn(prompt_text, response_text, ground_truth)`` (runs wherever it is called);
+    rows ``fn`` cannot score are handled by ``guard``, and counted in ``meta["reward_failures"]``."""
     prompts = batch["prompt_text"] if "prompt_text" in batch else [""] * len(batch)
     truths = batch["ground_truth"] if "ground_truth" in batch else [None] * len(batch)
-    scores = torch.tensor([float(fn(p, r, t)) for p, r, t in zip(prompts, batch["response_text"], truths,
-                                                                   strict=True)])
-    return DataBatch({"scores": scores, "token_level_scores": token_level(scores, batch["response_mask"])})
+    values, failures = guard.scores(fn, list(zip(prompts, batch["response_text"], truths, strict=True)))
+    scores = torch.tensor(values)
+    return DataBatch({"scores": scores, "token_level_scores": token_level(scores, batch["response_mask"])},
+                     meta={"reward_failures": failures})
 
 
 class RewardModelWorker(Worker):
@@ -50,9 +49,9 @@ class RewardModelWorker(Worker):
 class RuleRewardWorker(Worker):
     """Rule rewards in worker processes, for functions too slow for the controller (code execution, ...)."""
 
-    def __init__(self, fn: RewardFn) -> None:
-        self.fn = fn
+    def __init__(self, fn: RewardFn, guard: RewardGuard = FAIL_ON_ERROR) -> None:
+        self.fn, self.guard = fn, guard
 
     @register(Dispatch.DP_COMPUTE)
     def compute_rule_score(self, batch: DataBatch) -> DataBatch:
-        return rule_scores(batch, self.fn)
+        return rule_scores(batch, self.fn, self.guard)
