@@ -62,9 +62,13 @@ def _init_model(args: argparse.Namespace) -> None:
 
 
 def _dashboard(args: argparse.Namespace) -> None:
+    from hybridflow_lab.exposure import ExposureRefused
     from hybridflow_lab.ui.served import serve
 
-    serve(args.run_dir, port=args.port, address=args.address, period_ms=args.period_ms)
+    try:
+        serve(args.run_dir, port=args.port, address=args.address, period_ms=args.period_ms, expose=args.expose)
+    except ExposureRefused as error:
+        raise SystemExit(f"hybridflow-lab dashboard: error: {error}") from None
 
 
 QUICK_BENCH = {
@@ -185,7 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     board = commands.add_parser("dashboard", help="serve a run's live dashboard (panel) from its run directory")
     board.add_argument("--run", dest="run_dir", required=True, help="the run directory (trainer.run_dir)")
     board.add_argument("--port", type=int, default=5006)
-    board.add_argument("--address", default="127.0.0.1")
+    board.add_argument("--address", default="127.0.0.1", help="the interface to listen on (default: loopback only)")
+    board.add_argument("--expose", action="store_true",
+                       help="allow a non-loopback --address (there is no login: whoever reaches it sees the run)")
     board.add_argument("--period-ms", type=int, default=1000, help="how often to read new telemetry")
     board.set_defaults(run=_dashboard)
 

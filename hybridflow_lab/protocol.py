@@ -9,6 +9,7 @@ Every operation returns a new batch and never copies a column it does not change
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -304,8 +305,12 @@ class DataBatch:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> DataBatch:
-        """Read a batch written by ``save`` (never unpickles arbitrary objects)."""
-        record = torch.load(Path(path), weights_only=True)
+        """Read a batch written by ``save``; a file holding other Python objects is refused, never unpickled."""
+        try:
+            record = torch.load(Path(path), weights_only=True)
+        except pickle.UnpicklingError as error:
+            raise ValueError(f"{path} is not a saved DataBatch: it holds Python objects that could run code when "
+                             "unpickled, so it is refused") from error
         if not isinstance(record, dict) or record.get("format") != SAVE_FORMAT:
             raise ValueError(f"{path} is not a saved DataBatch ({SAVE_FORMAT})")
         non_tensors = {}

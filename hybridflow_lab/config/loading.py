@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
 import os
 import types
 import typing
@@ -16,29 +18,49 @@ T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A config that cannot work: names the key and says how to fix it."""
+    """A config that cannot work: names the key and says how to fix it (``key``, and ``problem``: the rest)."""
 
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"{key}: {message}")
         self.key = key
+        self.problem = message
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise ``ConfigError``."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     if not isinstance(data, Mapping):
-        raise ConfigError(prefix.rstrip(".") or "config", f"expected a mapping, got {type(data).__name__}")
+        raise ConfigError(prefix.rstrip(".") or "config", f"is a section, not a value (got {data!r}); set its keys "
+                          f"instead, e.g. {prefix}{next(iter(fields))}=...")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - names)
+    unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"{prefix}{unknown[0]}", f"unknown key; valid keys here: {', '.join(sorted(names))}")
-    values = {name: _convert(hints[name], value, f"{prefix}{name}") for name, value in data.items()}
+        raise ConfigError(f"{prefix}{unknown[0]}", _unknown_key(unknown[0], sorted(fields), prefix))
+    values = {name: _field_value(fields[name], hints[name], value, prefix) for name, value in data.items()}
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(prefix.rstrip(".") or cls.__name__, str(exc)) from None
+
+
+def _unknown_key(name: str, valid: list[str], prefix: str) -> str:
+    message = f"unknown key; valid keys here: {', '.join(valid)}"
+    close = difflib.get_close_matches(name, valid, n=1)
+    return f"{message}; did you mean {prefix}{close[0]}?" if close else message
+
+
+def _field_value(field: dataclasses.Field[Any], hint: Any, value: Any, prefix: str) -> Any:
+    """``value`` converted to the field's type; a wrong value gets an example of a right one."""
+    key = f"{prefix}{field.name}"
+    try:
+        return _convert(hint, value, key)
+    except ConfigError as error:
+        if error.key != key or field.default is dataclasses.MISSING:
+            raise
+        example = json.dumps(list(field.default) if isinstance(field.default, tuple) else field.default)
+        raise ConfigError(key, f"{error.problem}; for example {key}={example}") from None
 
 
 def _convert(hint: Any, value: Any, key: str) -> Any:
@@ -60,9 +82,10 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
     if origin is tuple:
         if not isinstance(value, Sequence) or isinstance(value, str):
             raise ConfigError(key, f"expected a list, got {value!r}")
-        args = typing.get_args(hint)
-        item = args[0] if args else Any
-        return tuple(_convert(item, v, key) for v in value)
+        items = _item_hints(typing.get_args(hint), len(value))
+        if len(items) != len(value):
+            raise ConfigError(key, f"expected a list of {len(items)} values, got {len(value)}: {list(value)!r}")
+        return tuple(_convert(item, v, key) for item, v in zip(items, value, strict=True))
     if hint is Any:
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
@@ -77,6 +100,15 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         if not isinstance(value, hint) or (is_bool and hint is not bool):
             raise ConfigError(key, f"expected {hint.__name__}, got {value!r} ({type(value).__name__})")
     return value
+
+
+def _item_hints(args: tuple[Any, ...], length: int) -> tuple[Any, ...]:
+    """The type of each item of a ``tuple[...]`` of ``length`` items: fixed (``tuple[float, float]``) or not."""
+    if not args:
+        return (Any,) * length
+    if len(args) == 2 and args[1] is Ellipsis:
+        return (args[0],) * length
+    return args
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -100,12 +132,23 @@ def load_config(cls: type[T], path: str | os.PathLike[str] | None = None, overri
     """``cls``'s defaults, updated by a YAML file (optional), then by dotted overrides."""
     data: dict[str, Any] = {}
     if path is not None:
-        if not Path(path).is_file():
-            raise ConfigError(str(path), "config file not found")
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(str(path), "the file must hold a mapping of sections")
+        data = _read_yaml(Path(path))
     return from_dict(cls, merge(to_dict(cls()), apply_overrides(data, overrides)))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(str(path), f"config file not found; check the path (relative paths start at {Path.cwd()})")
+    try:
+        with path.open("rb") as stream:  # bytes: PyYAML checks the encoding, and its marks name the file
+            data = yaml.safe_load(stream) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(str(path), f"not valid YAML ({' '.join(str(error).split())}); fix the file: UTF-8 text, "
+                          "'section:' lines with indented 'key: value' lines under them") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), f"the file must hold a mapping of sections, got a {type(data).__name__}; "
+                          "write 'section:' lines with indented 'key: value' lines under them")
+    return data
 
 
 def merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:

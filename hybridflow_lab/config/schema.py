@@ -111,6 +111,8 @@ class TaskConfig:
     dataset_path: str = ""  # gsm8k: .jsonl or .parquet
     eval_size: int = 64
     cost: str = ""  # safe_rlhf: a rule cost ("digit_cost")
+    reward_on_error: str = "fail"  # a reward function that raises or returns NaN/inf: "fail", or "zero" (counted)
+    reward_timeout_s: float = 0.0  # > 0: rule rewards run in a child process, killed after this many seconds
 
 
 @dataclass
@@ -122,6 +124,7 @@ class TrainerConfig:
     save_every: int = 0  # 0: only when asked
     keep_checkpoints: int = 2
     eval_every: int = 0
+    on_nonfinite: str = "stop"  # a NaN/inf loss or gradient norm: "stop" the run, or "skip" the optimizer step
     logged_samples: int = 8  # rows of each step's batch kept for the sample browser, samples.jsonl and wandb
     progress: bool = True
     wandb: bool = False

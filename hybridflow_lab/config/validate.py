@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable, Iterable
+from functools import reduce
+from pathlib import Path
+from typing import Any, NamedTuple
 
-from transformers import PretrainedConfig
+from transformers import AutoTokenizer, PretrainedConfig
 
 from hybridflow_lab.config.loading import ConfigError
 from hybridflow_lab.config.schema import LabConfig, RoleConfig
@@ -14,6 +18,81 @@ from hybridflow_lab.models.factory import load_config
 from hybridflow_lab.models.tensor_parallel import check_shardable
 
 ROLLOUT_ENGINES = ("torch", "vllm")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+class Bound(NamedTuple):
+    """A setting's allowed values: its dotted key, the rule in words, the test, and what to set instead."""
+
+    key: str
+    rule: str
+    holds: Callable[[Any], bool]
+    fix: str
+
+
+def _at_least(n: int) -> Callable[[Any], bool]:
+    return lambda value: value >= n
+
+
+def _positive(value: float) -> bool:
+    return value > 0
+
+
+def _fraction(value: float) -> bool:
+    return 0 < value <= 1
+
+
+def _probability(value: float) -> bool:
+    return 0 <= value <= 1
+
+
+WHOLE_NUMBER = "use a whole number >= 1"
+BOUNDS = (
+    *(Bound(f"batch.{key}", ">= 1", _at_least(1), WHOLE_NUMBER)
+      for key in ("rollout_batch_prompts", "samples_per_prompt", "update_minibatch_sequences",
+                  "micro_batch_sequences_per_rank", "update_epochs")),
+    *(Bound(f"rollout.{key}", ">= 1", _at_least(1), WHOLE_NUMBER)
+      for key in ("max_prompt_tokens", "max_new_tokens", "tensor_parallel")),
+    Bound("rollout.temperature", "> 0", _positive, "sampling divides the logits by it; use 1.0 (greedy decoding "
+          "is lab.generate(prompts, greedy=True))"),
+    Bound("rollout.top_p", "in (0, 1]", _fraction, "use 1.0 to turn nucleus sampling off"),
+    Bound("rollout.top_k", ">= 0", _at_least(0), "use 0 to turn top-k sampling off"),
+    Bound("rollout.gpu_memory_utilization", "in (0, 1]", _fraction, "it is vLLM's share of GPU memory; use e.g. "
+          "0.5"),
+    Bound("algorithm.clip_low", "in (0, 1)", lambda v: 0 < v < 1, "the ratio is clipped to [1 - clip_low, "
+          "1 + clip_high]; use e.g. 0.2"),
+    Bound("algorithm.clip_high", "> 0", _positive, "use e.g. 0.2, or 0.28 for DAPO's clip-higher"),
+    Bound("algorithm.dual_clip", "0 (off) or > 1", lambda v: v == 0 or v > 1, "use e.g. 3.0, or 0 to turn dual "
+          "clip off"),
+    Bound("algorithm.gamma", "in [0, 1]", _probability, "use 1.0 (no discount)"),
+    Bound("algorithm.lam", "in [0, 1]", _probability, "use 1.0, or e.g. 0.95 for GAE"),
+    Bound("algorithm.kl_coef", ">= 0", _at_least(0), "use 0 for no KL term and no reference model"),
+    Bound("algorithm.kl_target", ">= 0", _at_least(0), "use 0 for a fixed KL coefficient"),
+    Bound("algorithm.kl_horizon", ">= 1", _at_least(1), "use e.g. 10000"),
+    Bound("algorithm.max_sampling_rounds", ">= 1", _at_least(1), "use e.g. 4 (rounds of prompts dynamic sampling "
+          "may draw per step)"),
+    Bound("algorithm.overlong_buffer", ">= 0", _at_least(0), "use 0 for no overlong penalty"),
+    Bound("algorithm.overlong_factor", ">= 0", _at_least(0), "use e.g. 1.0"),
+    Bound("algorithm.lagrange_lr", ">= 0", _at_least(0), "use e.g. 0.1"),
+    Bound("task.eval_size", ">= 1", _at_least(1), "use e.g. 64 held-out examples"),
+    *(Bound(f"trainer.{key}", ">= 0", _at_least(0), "use 0 to turn it off") for key in ("save_every", "eval_every")),
+    Bound("trainer.steps", ">= 0", _at_least(0), "use e.g. 20"),
+    Bound("trainer.logged_samples", ">= 0", _at_least(0), "use e.g. 8"),
+    Bound("trainer.on_nonfinite", "'stop' or 'skip'", lambda v: v in ("stop", "skip"), "a NaN/inf loss or "
+          "gradient norm either stops the run or drops that optimizer step; nothing is applied either way"),
+    Bound("task.reward_on_error", "'fail' or 'zero'", lambda v: v in ("fail", "zero"), "a row the reward "
+          "function cannot score either stops the step, showing the row, or scores 0 and is counted"),
+    Bound("task.reward_timeout_s", ">= 0", _at_least(0), "use 0 for no timeout, or the seconds one row may take"),
+)
+OPTIM_BOUNDS = (
+    Bound("optim.lr", "> 0", _positive, "use e.g. 1e-5 (1e-6 for larger models)"),
+    Bound("optim.weight_decay", ">= 0", _at_least(0), "use 0.0 or e.g. 0.01"),
+    Bound("optim.eps", "> 0", _positive, "use e.g. 1e-8"),
+    Bound("optim.betas", "in [0, 1) each", lambda betas: all(0 <= b < 1 for b in betas), "use e.g. [0.9, 0.999]"),
+    Bound("optim.warmup_steps", ">= 0", _at_least(0), "use 0 for no warm-up"),
+    Bound("optim.min_lr_ratio", "in [0, 1]", _probability, "use e.g. 0.1 (cosine decays to lr * min_lr_ratio)"),
+    Bound("optim.grad_clip", ">= 0", _at_least(0), "use e.g. 1.0, or 0 to turn clipping off"),
+)
 
 
 def divisors(n: int) -> list[int]:
@@ -24,21 +103,36 @@ def validate(config: LabConfig, roles: tuple[str, ...] = ("actor", "critic")) ->
     """Raise ``ConfigError`` for the first setting that cannot work with the others."""
     if config.backend not in ("ray", "local"):
         raise ConfigError("backend", f"must be 'ray' or 'local', got {config.backend!r}")
+    _check_bounds(config, BOUNDS)
+    for name in roles:
+        _check_bounds(config, [bound._replace(key=f"{name}.{bound.key}") for bound in OPTIM_BOUNDS])
+    _check_overlong_buffer(config)
     _check_batch(config)
     for name in roles:
         _check_role(config, name, getattr(config, name))
     _check_pools(config, roles)
     _check_rollout(config)
-    if config.reward_model_path:
-        _model(config.reward_model_path, "reward_model_path")
+    _check_vocabulary(config, roles)
+
+
+def _check_bounds(config: LabConfig, bounds: Iterable[Bound]) -> None:
+    for bound in bounds:
+        value = reduce(getattr, bound.key.split("."), config)
+        if not bound.holds(value):
+            shown = list(value) if isinstance(value, tuple) else value
+            raise ConfigError(bound.key, f"must be {bound.rule}, got {shown}; {bound.fix}")
+
+
+def _check_overlong_buffer(config: LabConfig) -> None:
+    buffer, max_new_tokens = config.algorithm.overlong_buffer, config.rollout.max_new_tokens
+    if buffer >= max_new_tokens:
+        raise ConfigError("algorithm.overlong_buffer", f"{buffer} leaves no response length unpenalised under "
+                          f"rollout.max_new_tokens={max_new_tokens}; use less than {max_new_tokens} (DAPO uses about "
+                          "a fifth of it), or 0 for no penalty")
 
 
 def _check_batch(config: LabConfig) -> None:
     batch = config.batch
-    for key in ("rollout_batch_prompts", "samples_per_prompt", "update_minibatch_sequences",
-                "micro_batch_sequences_per_rank", "update_epochs"):
-        if getattr(batch, key) < 1:
-            raise ConfigError(f"batch.{key}", f"must be >= 1, got {getattr(batch, key)}")
     step = batch.step_sequences
     if step % batch.update_minibatch_sequences:
         raise ConfigError(
@@ -59,6 +153,9 @@ def _check_role(config: LabConfig, name: str, role: RoleConfig) -> None:
         raise ConfigError(f"{name}.engine.backend", f"{role.engine.backend!r} is not one of {TRAIN_BACKENDS}")
     if role.engine.zero_stage not in (1, 2, 3):
         raise ConfigError(f"{name}.engine.zero_stage", f"must be 1, 2 or 3, got {role.engine.zero_stage}")
+    if role.engine.backend == "deepspeed" and config.trainer.on_nonfinite == "skip":
+        raise ConfigError("trainer.on_nonfinite", f"the deepspeed engine of the {name} cannot drop an optimizer "
+                          f"step; use stop, or {name}.engine.backend=torch or fsdp")
     dp = _data_parallel(name, role)
     if batch.update_minibatch_sequences % dp:
         raise ConfigError(
@@ -91,7 +188,8 @@ def _data_parallel(name: str, role: RoleConfig) -> int:
                           f"{tp} (DDP over the rest), or {name}.engine.tensor_parallel=1")
     if role.ranks % tp:
         raise ConfigError(f"{name}.engine.tensor_parallel", f"{tp} does not divide the {role.ranks} ranks of the "
-                          f"{name} ({name}.ranks); use one of {divisors(role.ranks)}")
+                          f"{name} ({name}.ranks); use one of {divisors(role.ranks)}, or set {name}.ranks to a "
+                          f"multiple of {tp}")
     return role.ranks // tp
 
 
@@ -116,9 +214,6 @@ def _check_rollout(config: LabConfig) -> None:
     rollout = config.rollout
     if rollout.engine not in ROLLOUT_ENGINES:
         raise ConfigError("rollout.engine", f"{rollout.engine!r} is not one of {ROLLOUT_ENGINES}")
-    for key in ("max_prompt_tokens", "max_new_tokens", "tensor_parallel"):
-        if getattr(rollout, key) < 1:
-            raise ConfigError(f"rollout.{key}", f"must be >= 1, got {getattr(rollout, key)}")
     if rollout.reshard not in STRATEGIES:
         raise ConfigError("rollout.reshard", f"{rollout.reshard!r} is not one of {STRATEGIES}")
     model = _model(config.actor.model_path, "actor.model_path")
@@ -137,6 +232,30 @@ def _check_rollout(config: LabConfig) -> None:
     if rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.engine", "vllm is not installed; install the GPU extra (pip install -e '.[gpu]') "
                           "on a CUDA machine, or use rollout.engine=torch")
+
+
+def _check_vocabulary(config: LabConfig, roles: tuple[str, ...]) -> None:
+    """Every model embeds every id of the actor's tokenizer (the one that encodes prompts for all of them)."""
+    path = config.actor.model_path
+    size = len(_tokenizer(path))
+    models = {f"{name}.model_path": getattr(config, name).model_path or path for name in roles}
+    if config.reward_model_path:
+        models["reward_model_path"] = config.reward_model_path
+    for key, model_path in models.items():
+        vocab = _model(model_path, key).vocab_size
+        if size > vocab:
+            raise ConfigError(key, f"{model_path} has vocab_size {vocab} but the actor's tokenizer ({path}) has "
+                              f"{size} tokens, so ids {vocab} and up have no embedding; use the tokenizer the model "
+                              f"was built with, or a model whose vocab_size is at least {size}")
+
+
+def _tokenizer(path: str) -> Any:
+    # without tokenizer files transformers quietly builds an empty tokenizer from config.json's model_type
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError("actor.model_path", f"{path} has no tokenizer ({' or '.join(TOKENIZER_FILES)}); save "
+                          f"the model's tokenizer there with tokenizer.save_pretrained({path!r}), or create the "
+                          "directory with hybridflow_lab.models.create_model_dir")
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def _check_shardable(model: PretrainedConfig, key: str, size: int) -> None:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 import ray
 
+from hybridflow_lab.exposure import LOOPBACK, ExposureRefused, checked_bind_address, is_loopback
+
 ADDRESS_ENV = "HYBRIDFLOW_RAY_ADDRESS"
+AUTH_MODE_ENV = "RAY_AUTH_MODE"  # Ray's switch for token authentication: "token" (a local default) or "disabled"
 NAMESPACE = "hybridflow_lab"
+
+logger = logging.getLogger(__name__)
 
 
 def default_cpu_slots() -> int:
@@ -19,21 +25,49 @@ def default_cpu_slots() -> int:
     return max(32, 16 * (os.cpu_count() or 1))
 
 
-def init_cluster(address: str | None = None, num_cpus: int | None = None, **ray_init: Any) -> dict[str, float]:
+def init_cluster(address: str | None = None, num_cpus: int | None = None, expose_dashboard: bool = False,
+                 **ray_init: Any) -> dict[str, float]:
     """Connect this controller to Ray and return the cluster's resources.
 
     With no ``address`` (and no ``HYBRIDFLOW_RAY_ADDRESS``) a local Ray starts with
     ``num_cpus`` logical CPU slots; with an address (``"auto"``, ``"ray://host:10001"``)
     the controller joins that cluster: the multi-node path. A second call is a no-op.
+    A local Ray keeps its token authentication on; its dashboard is off unless
+    ``include_dashboard=True``, and listens on 127.0.0.1 unless ``expose_dashboard`` allows
+    another ``dashboard_host``.
     """
     if not ray.is_initialized():
         address = address or os.environ.get(ADDRESS_ENV)
         options: dict[str, Any] = {"namespace": NAMESPACE, "include_dashboard": False, **ray_init}
-        if address:
+        if address:  # the cluster's own dashboard and authentication settings apply
             ray.init(address=address, **options)
         else:
+            warn_if_auth_disabled()
+            options["dashboard_host"] = dashboard_host(options.get("dashboard_host", LOOPBACK), expose_dashboard)
             ray.init(num_cpus=num_cpus or default_cpu_slots(), **options)
     return ray.cluster_resources()
+
+
+def dashboard_host(host: str, expose: bool = False) -> str:
+    """Where a local Ray's dashboard may listen: ``host`` if it is loopback, or if ``expose`` allows it and
+    token authentication is on (the dashboard accepts jobs, so without a token it would run anyone's code)."""
+    if auth_disabled() and not is_loopback(host):
+        raise ExposureRefused(f"refusing to expose the Ray dashboard on {host} while {AUTH_MODE_ENV}=disabled; "
+                              "unset it to keep token authentication on")
+    return checked_bind_address(host, expose, "the Ray dashboard", "expose_dashboard=True")
+
+
+def auth_disabled() -> bool:
+    """Whether the environment turns Ray's token authentication off (it is on by default for a local Ray)."""
+    return os.environ.get(AUTH_MODE_ENV, "").lower() == "disabled"
+
+
+def warn_if_auth_disabled() -> None:
+    """Log a warning naming the risk when the environment turns token authentication off."""
+    if auth_disabled():
+        logger.warning("%s=disabled: Ray's token authentication is off, so anyone who can reach this machine's "
+                       "Ray ports can run code in the cluster; unset it to turn authentication back on",
+                       AUTH_MODE_ENV)
 
 
 def shutdown_cluster() -> None:

@@ -50,6 +50,17 @@ def deepspeed_config(optim: OptimConfig, zero_stage: int, micro_batch_size: int,
     }
 
 
+def _load_without_code(path: str, map_location: Any = None) -> Any:
+    """A DeepSpeed checkpoint file read with ``weights_only``: tensors, plain containers and the three
+    DeepSpeed classes its optimizer states hold; any other object in the file is refused, never run."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    with torch.serialization.safe_globals([LossScaler, ZeroStageEnum, fragment_address]):
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+
 class DeepSpeedEngine(TrainEngine):
     """ZeRO-sharded training; ``micro_batches_per_step`` is fixed for the engine's lifetime."""
 
@@ -69,6 +80,7 @@ class DeepSpeedEngine(TrainEngine):
             model=model, optimizer=optimizer, lr_scheduler=build_scheduler(optimizer, optim), config=config,
             dist_init_required=False,
         )
+        self.engine.checkpoint_engine.load = _load_without_code  # DeepSpeed's own load unpickles anything
         self.module = self.engine
 
     @property

@@ -25,6 +25,9 @@ SIZES: dict[str, tuple[int, int, int, int, int]] = {
 CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {"qwen2": Qwen2Config, "llama": LlamaConfig}
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
+PICKLE_WEIGHTS = "pytorch_model.bin"  # Hugging Face's older format: a pickle, which can run code when loaded
+PICKLE_WEIGHTS_INDEX = "pytorch_model.bin.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
 def tiny_config(
@@ -77,12 +80,35 @@ def save_model_dir(model: torch.nn.Module, path: str | os.PathLike[str],
     state = {k: v.detach().contiguous() for k, v in (state or model.state_dict()).items()}
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
-    tmp = path / (WEIGHTS + ".tmp")
-    save_file(state, tmp, metadata={"format": "pt"})
-    os.replace(tmp, path / WEIGHTS)
+    _write_weights(state, path)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
     return path
+
+
+def _write_weights(state: dict[str, torch.Tensor], path: Path) -> None:
+    tmp = path / (WEIGHTS + ".tmp")
+    save_file(state, tmp, metadata={"format": "pt"})
+    os.replace(tmp, path / WEIGHTS)
+
+
+def convert_to_safetensors(path: str | os.PathLike[str]) -> Path:
+    """Write ``model.safetensors`` from a directory's ``pytorch_model.bin`` (or its shards), the explicit step
+    that lets a pickle-only model directory you trust load. The pickles are read with
+    ``torch.load(weights_only=True)``, which refuses anything but tensors and plain containers."""
+    path = Path(path)
+    if (path / PICKLE_WEIGHTS_INDEX).is_file():
+        shards = index_shards(path / PICKLE_WEIGHTS_INDEX)
+    elif (path / PICKLE_WEIGHTS).is_file():
+        shards = [PICKLE_WEIGHTS]
+    else:
+        raise FileNotFoundError(f"{path} has neither {PICKLE_WEIGHTS} nor {PICKLE_WEIGHTS_INDEX}")
+    state = {}
+    for shard in shards:
+        state.update(torch.load(path / shard, map_location="cpu", weights_only=True))
+    # pickles may share storage between tensors (tied embeddings); safetensors stores each tensor on its own
+    _write_weights({k: v.detach().clone().contiguous() for k, v in state.items()}, path)
+    return path / WEIGHTS
 
 
 def load_config(path: str | os.PathLike[str]) -> PretrainedConfig:
@@ -99,14 +125,25 @@ def load_config(path: str | os.PathLike[str]) -> PretrainedConfig:
     return config
 
 
+def index_shards(index: Path) -> list[str]:
+    """The shard files a sharded checkpoint's index names."""
+    return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+
+
 def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """All tensors of a model directory: one safetensors file or a sharded set with an index."""
     path = Path(path)
     if (path / WEIGHTS).is_file():
         return load_file(path / WEIGHTS)
     if (path / WEIGHTS_INDEX).is_file():
-        shards = sorted(set(json.loads((path / WEIGHTS_INDEX).read_text())["weight_map"].values()))
-        return {k: v for shard in shards for k, v in load_file(path / shard).items()}
+        return {k: v for shard in index_shards(path / WEIGHTS_INDEX) for k, v in load_file(path / shard).items()}
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES) if path.is_dir() else []
+    if pickles:
+        raise FileNotFoundError(
+            f"{path} has only pickle weights ({', '.join(pickles)}), which can run code when loaded, so they are "
+            f"not read; if you trust the directory, convert them once with "
+            f"hybridflow_lab.models.convert_to_safetensors({str(path)!r})"
+        )
     raise FileNotFoundError(f"{path} has neither {WEIGHTS} nor {WEIGHTS_INDEX}")
 
 

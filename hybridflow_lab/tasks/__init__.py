@@ -3,7 +3,7 @@
 from hybridflow_lab.tasks.arithmetic import ArithmeticTask
 from hybridflow_lab.tasks.base import Example, Task
 from hybridflow_lab.tasks.cost import digit_cost
-from hybridflow_lab.tasks.gsm8k import extract_answer, gsm8k_reward, load_gsm8k
+from hybridflow_lab.tasks.gsm8k import extract_answer, gsm8k_reward, load_gsm8k, load_gsm8k_rows
 from hybridflow_lab.tasks.registry import TASKS, make_task
 from hybridflow_lab.tasks.rewards import exact_match, integer_format_score, permutation_score
 from hybridflow_lab.tasks.sorting import SortingTask
@@ -23,6 +23,7 @@ __all__ = [
     "held_out",
     "integer_format_score",
     "load_gsm8k",
+    "load_gsm8k_rows",
     "make_task",
     "permutation_score",
     "split_examples",

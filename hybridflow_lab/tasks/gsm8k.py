@@ -12,6 +12,7 @@ from hybridflow_lab.tasks.base import Example
 
 DATA_SOURCE = "gsm8k"
 SUFFIXES = (".jsonl", ".parquet")
+ROW_FORMAT = "each row needs a non-empty string 'question' and a string 'answer' ending in '#### <number>'"
 _NUMBER = r"(?:(?<!\d)-)?\d+(?:,\d{3}(?!\d))*(?:\.\d+)?"  # "4-9" is 4 and 9; "=-5" is -5
 _STRICT = re.compile(rf"####\s*({_NUMBER})")
 _ANY = re.compile(_NUMBER)
@@ -44,41 +45,63 @@ def load_gsm8k(path: str | Path) -> list[Example]:
 
     A malformed row raises ValueError naming the file, the 1-based row number and the problem.
     """
+    return [example for _, example in load_gsm8k_rows(path)]
+
+
+def load_gsm8k_rows(path: str | Path) -> list[tuple[int, Example]]:
+    """``load_gsm8k`` with each example's 1-based row number in the file (for messages about a row)."""
     path = Path(path)
-    return [_example(row, path, number) for number, row in _rows(path)]
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist or is not a file; give a .jsonl or .parquet file")
+    if path.suffix not in SUFFIXES:
+        raise ValueError(f"{path}: unsupported file type; expected one of {', '.join(SUFFIXES)} (pandas writes both: "
+                         "DataFrame.to_json(path, orient='records', lines=True) or DataFrame.to_parquet(path))")
+    return [(number, _example(row, path, number)) for number, row in _rows(path)]
 
 
 def _rows(path: Path) -> Iterator[tuple[int, object]]:
     """(1-based row number, record) pairs; blank jsonl lines are skipped but keep the numbering."""
     if path.suffix == ".jsonl":
-        with path.open(encoding="utf-8") as lines:
+        with path.open("rb") as lines:
             for number, line in enumerate(lines, start=1):
                 if line.strip():
                     yield number, _json(line, path, number)
-    elif path.suffix == ".parquet":
-        import pandas as pd
-
-        yield from enumerate(pd.read_parquet(path).to_dict("records"), start=1)
     else:
-        raise ValueError(f"{path}: unsupported file type; expected one of {', '.join(SUFFIXES)}")
+        yield from enumerate(_parquet_records(path), start=1)
 
 
-def _json(line: str, path: Path, number: int) -> object:
+def _parquet_records(path: Path) -> list[dict[str, object]]:
+    import pandas as pd
+
     try:
-        return json.loads(line)
+        return pd.read_parquet(path).to_dict("records")
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: not a readable parquet file ({error}); write it with DataFrame.to_parquet") from None
+
+
+def _json(line: bytes, path: Path, number: int) -> object:
+    try:
+        return json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise _row_error(path, number, f"not UTF-8 text ({error}); save the file as UTF-8") from None
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path}, row {number}: invalid JSON ({error})") from None
+        raise _row_error(path, number, f"invalid JSON ({error})") from None
 
 
 def _example(row: object, path: Path, number: int) -> Example:
     if not isinstance(row, dict):
-        raise ValueError(f"{path}, row {number}: expected an object with 'question' and 'answer', "
-                         f"got {type(row).__name__}")
+        raise _row_error(path, number, f"expected an object, got {type(row).__name__}")
     for key in ("question", "answer"):
         if not isinstance(row.get(key), str):
             problem = "missing" if key not in row else f"not a string ({type(row[key]).__name__})"
-            raise ValueError(f"{path}, row {number}: {key!r} is {problem}")
+            raise _row_error(path, number, f"{key!r} is {problem}")
+    if not row["question"].strip():
+        raise _row_error(path, number, "'question' is empty")
     truth = extract_answer(row["answer"], "strict")
     if truth is None:
-        raise ValueError(f"{path}, row {number}: 'answer' has no '#### <number>': {row['answer'][-60:]!r}")
+        raise _row_error(path, number, f"'answer' has no '#### <number>': {row['answer'][-60:]!r}")
     return Example(row["question"], truth, DATA_SOURCE)
+
+
+def _row_error(path: Path, number: int, problem: str) -> ValueError:
+    return ValueError(f"{path}, row {number}: {problem}; {ROW_FORMAT}")

@@ -9,6 +9,11 @@ from transformers import PreTrainedTokenizerBase
 from hybridflow_lab.protocol import DataBatch
 
 
+def token_counts(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[int]:
+    """How many tokens each text has as a prompt (no special tokens added)."""
+    return [len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+
+
 def encode_prompts(
     tokenizer: PreTrainedTokenizerBase,
     texts: Sequence[str],
@@ -21,11 +26,10 @@ def encode_prompts(
     A prompt longer than ``max_tokens`` is an error naming its row (truncating a prompt
     silently changes the task).
     """
-    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-    for row, tokens in enumerate(ids):
-        if len(tokens) > max_tokens:
-            raise ValueError(f"prompt row {row} has {len(tokens)} tokens, more than max_prompt_tokens={max_tokens}: "
-                             f"{texts[row][:60]!r}")
+    for row, count in enumerate(token_counts(tokenizer, texts)):
+        if count > max_tokens:
+            raise ValueError(f"prompt row {row} has {count} tokens, more than max_prompt_tokens={max_tokens}: "
+                             f"{texts[row][:60]!r}; raise rollout.max_prompt_tokens or shorten the prompt")
     tokenizer.padding_side = "left"
     padding = {"padding": "max_length", "max_length": max_tokens} if pad_to_max else {"padding": True}
     encoded = tokenizer(list(texts), add_special_tokens=False, return_tensors="pt", **padding)

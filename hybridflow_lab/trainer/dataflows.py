@@ -15,7 +15,7 @@ import torch
 
 from hybridflow_lab.algorithms.dapo import informative_groups
 from hybridflow_lab.algorithms.safe_rlhf import combined_advantages
-from hybridflow_lab.config import LabConfig
+from hybridflow_lab.config import ConfigError, LabConfig
 from hybridflow_lab.protocol import DataBatch
 
 if TYPE_CHECKING:
@@ -76,22 +76,38 @@ def log_probs(lab: Lab, batch: DataBatch) -> DataBatch:
 def sample(lab: Lab) -> DataBatch:
     """Generate and score; with DAPO's dynamic sampling, keep only groups whose rewards differ and
     draw more prompts until a full batch is collected (or ``max_sampling_rounds`` is reached)."""
-    algorithm, wanted = lab.config.algorithm, lab.config.batch.rollout_batch_prompts
-    batch = lab.reward(lab.generate(lab.next_prompts()))
-    if not algorithm.dynamic_sampling:
-        return batch
-    kept = batch[informative_groups(batch["scores"], _group_ids(batch)).numpy()]
-    for _ in range(algorithm.max_sampling_rounds - 1):
+    def draw() -> DataBatch:
+        return lab.reward(lab.generate(lab.next_prompts()))
+
+    if not lab.config.algorithm.dynamic_sampling:
+        return draw()
+    batch = informative_batch(draw, lab.config)
+    lab.record({"dapo/kept_groups": len(set(batch["uid"].tolist()))})
+    return batch
+
+
+def informative_batch(draw: Callable[[], DataBatch], config: LabConfig) -> DataBatch:
+    """Up to ``rollout_batch_prompts`` groups whose rewards differ, from at most ``max_sampling_rounds`` scored
+    batches (with ``uid`` and ``scores``) returned by ``draw``; an error naming the settings to change when
+    every group's samples got equal rewards."""
+    rounds, wanted = config.algorithm.max_sampling_rounds, config.batch.rollout_batch_prompts
+    kept = _informative_rows(draw())
+    for _ in range(rounds - 1):
         if len(set(kept["uid"].tolist())) >= wanted:
             break
-        more = lab.reward(lab.generate(lab.next_prompts()))
-        kept = DataBatch.concat([kept, more[informative_groups(more["scores"], _group_ids(more)).numpy()]])
+        kept = DataBatch.concat([kept, _informative_rows(draw())])
     if len(kept) == 0:
-        raise RuntimeError(f"dynamic sampling kept no group in {algorithm.max_sampling_rounds} rounds: every "
-                           "prompt's samples got equal rewards; raise samples_per_prompt or max_sampling_rounds")
+        samples = config.batch.samples_per_prompt
+        raise RuntimeError(f"dynamic sampling kept no group in {rounds} rounds: in every group all {samples} "
+                           "samples got the same reward, so no group has a learning signal; raise "
+                           f"algorithm.max_sampling_rounds (now {rounds}) or batch.samples_per_prompt (now {samples}), "
+                           "or set algorithm.dynamic_sampling=false")
     uids = sorted(set(kept["uid"].tolist()))[:wanted]
-    lab.record({"dapo/kept_groups": len(uids)})
     return kept[np.isin(kept["uid"], uids)]
+
+
+def _informative_rows(batch: DataBatch) -> DataBatch:
+    return batch[informative_groups(batch["scores"], _group_ids(batch)).numpy()]
 
 
 def _group_ids(batch: DataBatch) -> torch.Tensor:
@@ -124,7 +140,6 @@ def check_algorithm(config: LabConfig) -> None:
     from hybridflow_lab.algorithms.kl import kl_estimate
     from hybridflow_lab.algorithms.losses import aggregate
     from hybridflow_lab.algorithms.registry import get_advantage_estimator, get_policy_loss
-    from hybridflow_lab.config import ConfigError
 
     algorithm = config.algorithm
     if algorithm.name not in DATAFLOWS:
@@ -142,5 +157,17 @@ def check_algorithm(config: LabConfig) -> None:
             raise ConfigError(key.strip(), str(exc.args[0] if exc.args else exc)) from None
     if algorithm.name == "safe_rlhf" and not config.task.cost:
         raise ConfigError("task.cost", "safe_rlhf needs a cost signal; set task.cost (e.g. digit_cost)")
-    if algorithm.name == "ppo" and algorithm.dynamic_sampling:
-        raise ConfigError("algorithm.dynamic_sampling", "dynamic sampling applies to group-based algorithms, not ppo")
+    if algorithm.dynamic_sampling:
+        _check_dynamic_sampling(config)
+
+
+def _check_dynamic_sampling(config: LabConfig) -> None:
+    name = config.algorithm.name
+    if DATAFLOWS[name] in (ppo, remax, safe_rlhf):
+        raise ConfigError("algorithm.dynamic_sampling", f"the {name} dataflow does not filter groups (the grpo "
+                          "dataflow does, for grpo, dr_grpo, rloo and the reinforce_plus_plus variants); set "
+                          "algorithm.dynamic_sampling=false or choose one of those")
+    if config.batch.samples_per_prompt < 2:
+        raise ConfigError("batch.samples_per_prompt", "dynamic sampling keeps only groups whose samples got "
+                          "different rewards, and a group of one sample never has two; set "
+                          "batch.samples_per_prompt >= 2 (e.g. 4), or algorithm.dynamic_sampling=false")

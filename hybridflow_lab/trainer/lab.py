@@ -27,6 +27,7 @@ from hybridflow_lab.algorithms.safe_rlhf import LagrangeMultiplier
 from hybridflow_lab.config import LabConfig, to_dict, validate
 from hybridflow_lab.controller import ResourcePool, Role, WorkerCallError, WorkerGroup, init_cluster
 from hybridflow_lab.protocol import DataBatch
+from hybridflow_lab.redact import redact
 from hybridflow_lab.tasks.base import Example
 from hybridflow_lab.tasks.prompts import encode_prompts
 from hybridflow_lab.telemetry import JsonlSink, TelemetryStore
@@ -474,7 +475,7 @@ class Lab:
                     group.save_checkpoint(str(staging / role))
                 state = {"step": self.step_index, "next_uid": self._next_uid,
                          "source": self.task.source.state_dict(), "kl": self.kl.state_dict(),
-                         "lagrange": self.lagrange.state_dict(), "config": to_dict(self.config)}
+                         "lagrange": self.lagrange.state_dict(), "config": redact(to_dict(self.config))}
                 return checkpointing.commit(self.run_dir, self.step_index, state,
                                             self.config.trainer.keep_checkpoints)
             except BaseException as error:

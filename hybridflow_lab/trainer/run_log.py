@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hybridflow_lab.redact import redact
+
 
 class MetricsLog:
     """Appends ``{"step": k, ...}`` lines to ``<run>/metrics.jsonl`` and sample rows to ``<run>/samples.jsonl``;
@@ -60,11 +62,12 @@ def _append(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def start_wandb(project: str, run_dir: Path, config: dict[str, Any] | None) -> Any:
-    """A wandb run, offline unless WANDB_MODE says otherwise; never waits long for a network."""
+    """A wandb run, offline unless WANDB_MODE says otherwise; never waits long for a network. The config is
+    redacted first: wandb writes it into the run directory and uploads it."""
     import wandb
 
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("WANDB_INIT_TIMEOUT", "30")
-    return wandb.init(project=project, dir=str(run_dir), config=config or {}, name=run_dir.name,
+    return wandb.init(project=project, dir=str(run_dir), config=redact(config or {}), name=run_dir.name,
                       settings=wandb.Settings(init_timeout=float(os.environ["WANDB_INIT_TIMEOUT"]),
                                               console="off", silent=True))

@@ -2,29 +2,36 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import AutoTokenizer
 
 from hybridflow_lab.algorithms.dapo import overlong_penalty
 from hybridflow_lab.config import ConfigError, LabConfig
 from hybridflow_lab.config.schema import TaskConfig
 from hybridflow_lab.tasks import (
+    TASKS,
     Example,
     PromptSource,
     Task,
     digit_cost,
     gsm8k_reward,
     held_out,
-    load_gsm8k,
+    load_gsm8k_rows,
     make_task,
     split_examples,
 )
+from hybridflow_lab.tasks.prompts import token_counts
 
 RuleFn = Callable[[str, str, str], float]
 COSTS: dict[str, RuleFn] = {"digit_cost": digit_cost}
+DATASET_TASK = "gsm8k"  # the task that reads task.dataset_path
+EVAL_FRACTION = 0.1  # of a dataset's rows, held out for evaluation
+MIN_DATASET_ROWS = math.floor(0.5 / EVAL_FRACTION) + 1  # below it round(rows * EVAL_FRACTION) holds out none
 
 
 @dataclass
@@ -39,38 +46,75 @@ class TaskSetup:
     shaping: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda lengths: torch.zeros(len(lengths)))
 
 
-# the task config keys each bundled task takes
+# the task config keys each bundled task takes, and the one that sets its prompts' length
 TASK_SETTINGS: dict[str, Callable[[TaskConfig], dict[str, Any]]] = {
     "arithmetic": lambda c: {"digits": c.digits, "operators": c.operators, "partial_credit": c.partial_credit},
     "sorting": lambda c: {"length": c.length},
 }
+PROMPT_LENGTH_SETTING = {"arithmetic": "task.digits", "sorting": "task.length"}
 
 
 def build_task(config: LabConfig) -> TaskSetup:
-    """The run's task; a bad name, file or row is a ``ConfigError`` raised before workers start."""
-    task_config, seed = config.task, config.seed
+    """The run's task; a bad name, file, row or too long a prompt is a ``ConfigError`` raised before workers start."""
+    task_config = config.task
     if task_config.cost and task_config.cost not in COSTS:
         raise ConfigError("task.cost", f"{task_config.cost!r} is not one of {sorted(COSTS)}")
     cost = COSTS.get(task_config.cost)
-    if task_config.name == "gsm8k":
-        if not task_config.dataset_path:
-            raise ConfigError("task.dataset_path", "the gsm8k task needs a .jsonl or .parquet file")
-        try:
-            examples = load_gsm8k(task_config.dataset_path)
-        except (FileNotFoundError, ValueError) as exc:
-            raise ConfigError("task.dataset_path", str(exc)) from None
-        train, evaluation = split_examples(examples, 0.1, seed)
-        setup = TaskSetup(PromptSource(train, seed), gsm8k_reward, evaluation[: task_config.eval_size], cost=cost)
-    else:
-        try:
-            task = make_task(task_config.name, **TASK_SETTINGS.get(task_config.name, lambda _: {})(task_config))
-        except (TypeError, ValueError) as exc:
-            setting = str(exc).split()[0]  # the tasks' messages start with the bad setting's name
-            raise ConfigError(f"task.{setting}" if hasattr(task_config, setting) else "task.name", str(exc)) from None
-        setup = TaskSetup(PromptSource(task, seed), task.reward, held_out(task, task_config.eval_size, seed), task,
-                          cost)
+    setup = _dataset_setup(config, cost) if task_config.name == DATASET_TASK else _bundled_setup(config, cost)
     algorithm = config.algorithm
     if algorithm.overlong_buffer:
         max_length, buffer, factor = config.rollout.max_new_tokens, algorithm.overlong_buffer, algorithm.overlong_factor
         setup.shaping = lambda lengths: overlong_penalty(lengths, max_length, buffer, factor)
     return setup
+
+
+def _dataset_setup(config: LabConfig, cost: RuleFn | None) -> TaskSetup:
+    path, seed = config.task.dataset_path, config.seed
+    if not path:
+        raise ConfigError("task.dataset_path", f"the {DATASET_TASK} task needs a .jsonl or .parquet file")
+    try:
+        rows = load_gsm8k_rows(path)
+    except (FileNotFoundError, ValueError) as exc:
+        raise ConfigError("task.dataset_path", str(exc)) from None
+    if len(rows) < MIN_DATASET_ROWS:
+        raise ConfigError("task.dataset_path", f"{path} has {len(rows)} rows, too few to hold out "
+                          f"{EVAL_FRACTION:.0%} of them for evaluation; give a file with at least {MIN_DATASET_ROWS}")
+    _check_prompt_lengths(config, [(f"{path}, row {number}, the prompt", example.prompt) for number, example in rows],
+                          f"or shorten or drop those rows of {path}")
+    train, evaluation = split_examples([example for _, example in rows], EVAL_FRACTION, seed)
+    return TaskSetup(PromptSource(train, seed), gsm8k_reward, evaluation[: config.task.eval_size], cost=cost)
+
+
+def _bundled_setup(config: LabConfig, cost: RuleFn | None) -> TaskSetup:
+    task_config, seed = config.task, config.seed
+    if task_config.name not in TASKS:
+        raise ConfigError("task.name", f"unknown task {task_config.name!r}; known tasks: "
+                          f"{', '.join(sorted([*TASKS, DATASET_TASK]))}")
+    if task_config.dataset_path:
+        raise ConfigError("task.dataset_path", f"is {task_config.dataset_path!r}, but the bundled "
+                          f"{task_config.name} task reads no file; set task.name={DATASET_TASK} to train on it, or "
+                          "task.dataset_path=''")
+    try:
+        task = make_task(task_config.name, **TASK_SETTINGS.get(task_config.name, lambda _: {})(task_config))
+    except (TypeError, ValueError) as exc:
+        setting = str(exc).split()[0]  # the tasks' messages start with the bad setting's name
+        raise ConfigError(f"task.{setting}" if hasattr(task_config, setting) else "task.name", str(exc)) from None
+    evaluation = held_out(task, task_config.eval_size, seed)
+    length_setting = PROMPT_LENGTH_SETTING.get(task_config.name, "the task's settings")
+    _check_prompt_lengths(config, [(f"the {task_config.name} task's held-out prompt {e.prompt!r}", e.prompt)
+                                   for e in evaluation], f"or lower {length_setting}")
+    return TaskSetup(PromptSource(task, seed), task.reward, evaluation, task, cost)
+
+
+def _check_prompt_lengths(config: LabConfig, prompts: Sequence[tuple[str, str]], other_fix: str) -> None:
+    """Every prompt (``(where it comes from, text)``) fits ``rollout.max_prompt_tokens`` under the actor's tokenizer:
+    a longer one would fail only once workers generate."""
+    limit = config.rollout.max_prompt_tokens
+    tokenizer = AutoTokenizer.from_pretrained(config.actor.model_path, local_files_only=True)
+    counts = token_counts(tokenizer, [text for _, text in prompts])
+    too_long = [i for i, count in enumerate(counts) if count > limit]
+    if too_long:
+        first = too_long[0]
+        raise ConfigError("rollout.max_prompt_tokens", f"{prompts[first][0]}: {counts[first]} tokens, more than "
+                          f"rollout.max_prompt_tokens={limit} ({len(too_long)} of {len(prompts)} prompts are too "
+                          f"long); raise rollout.max_prompt_tokens to {max(counts)}, {other_fix}")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import panel as pn
 
+from hybridflow_lab.exposure import LOOPBACK, checked_bind_address
 from hybridflow_lab.ui import figures
 from hybridflow_lab.ui.run_files import RunFiles
 
@@ -43,11 +44,15 @@ def dashboard_app(run_dir: str | os.PathLike[str], period_ms: int = 1000, steps_
                      pn.pane.Markdown("### latest samples"), samples, sizing_mode="stretch_width")
 
 
-def serve(run_dir: str | os.PathLike[str], port: int = 5006, address: str = "127.0.0.1",
-          period_ms: int = 1000) -> None:
-    """Serve the dashboard of ``run_dir`` on ``address:port`` until interrupted."""
+def serve(run_dir: str | os.PathLike[str], port: int = 5006, address: str = LOOPBACK,
+          period_ms: int = 1000, expose: bool = False) -> None:
+    """Serve the dashboard of ``run_dir`` on ``address:port`` until interrupted.
+
+    A non-loopback ``address`` needs ``expose=True`` (``--expose``) and logs a warning: the page has no login.
+    """
     if not Path(run_dir).is_dir():
         raise FileNotFoundError(f"no run directory {run_dir}; pass the trainer.run_dir of a run")
+    address = checked_bind_address(address, expose, "the run dashboard", "--expose (expose=True in Python)")
     origins = [f"{address}:{port}", f"localhost:{port}"]
     print(f"[dashboard] http://{address}:{port}/ following {run_dir}", flush=True)
     def session() -> pn.Column:  # one layout per browser session (panel needs a plain function here)

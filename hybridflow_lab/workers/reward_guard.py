@@ -15,13 +15,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from hybridflow_lab.config import ConfigError
 from hybridflow_lab.config.schema import TaskConfig
 
 RewardFn = Callable[[str, str, Any], float]
 Row = tuple[str, str, Any]  # prompt, response, ground truth
 Outcome = tuple[str, Any]  # ("ok", score) | ("error", what happened) | ("timeout", None)
-ON_ERROR = ("fail", "zero")
 FAILURE_KINDS = ("errors", "nonfinite", "timeouts")
 
 
@@ -38,11 +36,7 @@ class RewardGuard:
 
     @classmethod
     def from_config(cls, task: TaskConfig) -> RewardGuard:
-        if task.reward_on_error not in ON_ERROR:
-            raise ConfigError("task.reward_on_error", f"must be one of {ON_ERROR}, got {task.reward_on_error!r}")
-        if not task.reward_timeout_s >= 0:
-            raise ConfigError("task.reward_timeout_s",
-                              f"must be >= 0 seconds (0: no timeout), got {task.reward_timeout_s}")
+        """The guard ``task.reward_on_error`` and ``task.reward_timeout_s`` describe (checked by ``validate``)."""
         return cls(task.reward_on_error, task.reward_timeout_s)
 
     def scores(self, fn: RewardFn, rows: Sequence[Row]) -> tuple[list[float], dict[str, int]]:

@@ -1,0 +1,416 @@
+"""Bad inputs, table by table: each fails while a ``Lab`` is built with ``start=False`` (no worker exists), with
+a message that names the key, file or row and says what to set instead. Dynamic sampling that keeps no group
+can only fail during a step; its table drives ``informative_batch`` with scored batches made by hand.
+
+Every row changes one thing in an input that works (``test_the_inputs_the_tables_break_work``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from hybridflow_lab.config import ConfigError
+from hybridflow_lab.models import char_tokenizer, create_model_dir
+from hybridflow_lab.models.tokenizers import CHARACTERS
+from hybridflow_lab.placement import ModelSizes, Placement
+from hybridflow_lab.protocol import DataBatch
+from hybridflow_lab.trainer.dataflows import informative_batch
+from hybridflow_lab.trainer.lab import Lab
+from hybridflow_lab.trainer.presets import resolve_config
+
+
+class Case(NamedTuple):
+    """One bad input: what the message must name (key, file, row) and the fix it must give."""
+
+    id: str
+    bad: Any
+    error: type[Exception]
+    names: tuple[str, ...]
+    fix: str
+
+
+class Dataset(NamedTuple):
+    """A dataset file to write: text, bytes, parquet columns, or None for no file."""
+
+    name: str
+    content: str | bytes | dict[str, list[Any]] | None
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+def copy_model(source: Path, dest: Path) -> Path:
+    shutil.copytree(source, dest)
+    return dest
+
+
+def with_vocab_size(model: Path, vocab_size: int) -> Path:
+    """``model`` with its config.json claiming ``vocab_size`` (the weights keep theirs)."""
+    config_file = model / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "vocab_size": vocab_size}))
+    return model
+
+
+def without_tokenizer(model: Path) -> Path:
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (model / name).unlink(missing_ok=True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Model directories by name: ``tiny`` works (4 heads, 2 KV heads, 100 tokens); the others are broken or odd."""
+    root = tmp_path_factory.mktemp("models")
+    tiny = create_model_dir(root / "tiny", "tiny", "qwen2")
+    with_vocab_size(copy_model(tiny, root / "vocab_50"), 50)
+    char_tokenizer(CHARACTERS + "äöüß").save_pretrained(copy_model(tiny, root / "tokenizer_104"))
+    without_tokenizer(copy_model(tiny, root / "no_tokenizer"))
+    create_model_dir(root / "vocab_101", "tiny", "qwen2", tokenizer=char_tokenizer(CHARACTERS + "é"))
+    (root / "not_a_model").mkdir()
+    return {path.name: str(path) for path in root.iterdir()}
+
+
+def base_overrides(models: dict[str, str], tmp_path: Path) -> tuple[str, ...]:
+    """The settings every case starts from: a working config with the tiny model."""
+    return f"actor.model_path={models['tiny']}", f"trainer.run_dir={tmp_path / 'run'}"
+
+
+TORCH_ENGINE = ("actor.engine.backend=torch",)
+PPO = ("algorithm.name=ppo",)
+DYNAMIC = ("algorithm.dynamic_sampling=true",)
+
+
+GOOD_EXAMPLES = [{"question": f"{i} + {i} = ?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(1, 9)]
+GOOD_ROWS = [json.dumps(example) for example in GOOD_EXAMPLES]
+GOOD_COLUMNS = {key: [example[key] for example in GOOD_EXAMPLES] for key in ("question", "answer")}
+
+
+def jsonl(bad_row: str | None = None, at: int = 3) -> str:
+    """Eight good GSM8K rows, with ``bad_row`` as row ``at`` (1-based) when given."""
+    rows = GOOD_ROWS[: at - 1] + ([bad_row] if bad_row is not None else []) + GOOD_ROWS[at - 1:]
+    return "\n".join(rows) + "\n"
+
+
+def write_dataset(directory: Path, dataset: Dataset) -> Path:
+    path = directory / dataset.name
+    if isinstance(dataset.content, dict):
+        pd.DataFrame(dataset.content).to_parquet(path)
+    elif isinstance(dataset.content, bytes):
+        path.write_bytes(dataset.content)
+    elif isinstance(dataset.content, str):
+        path.write_text(dataset.content)
+    return path
+
+
+def dataset_overrides(path: Path) -> tuple[str, ...]:
+    return "task.name=gsm8k", f"task.dataset_path={path}"
+
+
+def expect(case: Case, build: Callable[[], object]) -> None:
+    """``build()`` raises ``case.error`` with a message naming everything in ``case.names`` and the fix."""
+    with pytest.raises(case.error) as info:
+        build()
+    message = str(info.value)
+    for expected in (*case.names, case.fix):
+        assert expected in message, f"{expected!r} not in {message!r}"
+
+
+def test_the_inputs_the_tables_break_work(models, tmp_path):
+    base = base_overrides(models, tmp_path)
+    for extra in ((), PPO, DYNAMIC, (*TORCH_ENGINE, "actor.engine.tensor_parallel=2"),
+                  (f"actor.model_path={models['vocab_101']}",)):
+        assert Lab(None, overrides=(*base, *extra), start=False).groups == {}
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("actor:\n  optim:\n    lr: 1.0e-5\n")
+    assert Lab(config_file, overrides=base, start=False).config.actor.optim.lr == 1e-5
+    for dataset in (Dataset("rows.jsonl", jsonl()), Dataset("rows.parquet", GOOD_COLUMNS)):
+        lab = Lab(None, overrides=(*base, *dataset_overrides(write_dataset(tmp_path, dataset))), start=False)
+        assert len(lab.task.source.examples) + len(lab.task.eval_examples) == len(GOOD_ROWS)
+    placement = Placement({"main": 2}, {"actor": "main"}, {"actor": ModelSizes(t=2, tg=2)}, engines={"actor": "torch"})
+    assert Lab(None, overrides=base, placement=placement, start=False).config.actor.engine.tensor_parallel == 2
+
+
+# ------------------------------------------------------------------------------- dotted overrides
+
+OVERRIDE_CASES = [
+    # keys
+    Case("unknown_top_level_key", ["seeds=1"], ConfigError, ("seeds",), "did you mean seed?"),
+    Case("unknown_nested_key", ["actor.optim.lrr=1e-5"], ConfigError, ("actor.optim.lrr",),
+         "did you mean actor.optim.lr?"),
+    Case("misspelt_rollout_key", ["rollout.temprature=0.7"], ConfigError, ("rollout.temprature",),
+         "did you mean rollout.temperature?"),
+    Case("unknown_key_like_none", ["batch.foo=1"], ConfigError, ("batch.foo",),
+         "valid keys here: micro_batch_sequences_per_rank, rollout_batch_prompts"),
+    Case("override_without_value", ["actor.ranks"], ConfigError, ("actor.ranks",), "looks like key.path=value"),
+    Case("value_for_a_section", ["batch=64"], ConfigError, ("batch",),
+         "set its keys instead, e.g. batch.rollout_batch_prompts="),
+    # types
+    Case("str_for_int", ["batch.samples_per_prompt=two"], ConfigError, ("batch.samples_per_prompt", "'two'"),
+         "for example batch.samples_per_prompt=4"),
+    Case("bool_for_int", ["actor.ranks=true"], ConfigError, ("actor.ranks",), "for example actor.ranks=1"),
+    Case("float_for_int", ["batch.rollout_batch_prompts=2.5"], ConfigError, ("batch.rollout_batch_prompts", "2.5"),
+         "for example batch.rollout_batch_prompts=16"),
+    Case("str_for_float", ["actor.optim.lr=fast"], ConfigError, ("actor.optim.lr", "'fast'"),
+         "for example actor.optim.lr=1e-05"),
+    Case("bool_for_float", ["rollout.temperature=false"], ConfigError, ("rollout.temperature",),
+         "for example rollout.temperature=1.0"),
+    Case("int_for_bool", ["algorithm.dynamic_sampling=1"], ConfigError, ("algorithm.dynamic_sampling",),
+         "for example algorithm.dynamic_sampling=false"),
+    Case("int_for_str", ["rollout.engine=3"], ConfigError, ("rollout.engine",), 'for example rollout.engine="torch"'),
+    Case("scalar_for_list", ["actor.optim.betas=0.9"], ConfigError, ("actor.optim.betas",),
+         "for example actor.optim.betas=[0.9, 0.999]"),
+    Case("list_too_short", ["actor.optim.betas=[0.9]"], ConfigError, ("actor.optim.betas", "expected a list of 2"),
+         "for example actor.optim.betas=[0.9, 0.999]"),
+    Case("list_for_int", ["rollout.top_k=[1, 2]"], ConfigError, ("rollout.top_k",), "for example rollout.top_k=0"),
+    Case("cosine_without_total_steps", ["actor.optim.schedule=cosine"], ConfigError, ("actor.optim",),
+         "needs optim.total_steps > 0"),
+    # values out of range
+    Case("negative_lr", ["actor.optim.lr=-1e-5"], ConfigError, ("actor.optim.lr", "-1e-05"), "use e.g. 1e-5"),
+    Case("zero_prompts_per_step", ["batch.rollout_batch_prompts=0"], ConfigError, ("batch.rollout_batch_prompts",),
+         "use a whole number >= 1"),
+    Case("zero_clip_low", ["algorithm.clip_low=0"], ConfigError, ("algorithm.clip_low",), "use e.g. 0.2"),
+    Case("negative_clip_high", ["algorithm.clip_high=-0.1"], ConfigError, ("algorithm.clip_high",), "use e.g. 0.2"),
+    Case("dual_clip_below_one", ["algorithm.dual_clip=0.5"], ConfigError, ("algorithm.dual_clip",),
+         "or 0 to turn dual clip off"),
+    Case("zero_temperature", ["rollout.temperature=0"], ConfigError, ("rollout.temperature",), "greedy=True"),
+    Case("top_p_above_one", ["rollout.top_p=1.5"], ConfigError, ("rollout.top_p", "in (0, 1]"),
+         "use 1.0 to turn nucleus sampling off"),
+    Case("negative_top_k", ["rollout.top_k=-1"], ConfigError, ("rollout.top_k",), "use 0 to turn top-k sampling off"),
+    Case("gamma_above_one", ["algorithm.gamma=1.5"], ConfigError, ("algorithm.gamma",), "use 1.0"),
+    Case("negative_kl_coef", ["algorithm.kl_coef=-0.1"], ConfigError, ("algorithm.kl_coef",), "use 0 for no KL"),
+    Case("beta_of_one", ["actor.optim.betas=[0.9, 1.0]"], ConfigError, ("actor.optim.betas",),
+         "use e.g. [0.9, 0.999]"),
+    Case("vllm_memory_above_one", ["rollout.gpu_memory_utilization=1.5"], ConfigError,
+         ("rollout.gpu_memory_utilization",), "use e.g. 0.5"),
+    Case("overlong_buffer_not_below_max_new_tokens", ["algorithm.overlong_buffer=32"], ConfigError,
+         ("algorithm.overlong_buffer", "rollout.max_new_tokens=32"), "use less than 32"),
+    Case("zero_eval_size", ["task.eval_size=0"], ConfigError, ("task.eval_size",), "use e.g. 64"),
+    Case("unknown_nonfinite_policy", ["trainer.on_nonfinite=ignore"], ConfigError,
+         ("trainer.on_nonfinite", "'stop' or 'skip'", "ignore"), "nothing is applied either way"),
+    Case("skip_nonfinite_with_deepspeed", ["trainer.on_nonfinite=skip", "actor.engine.backend=deepspeed"],
+         ConfigError, ("trainer.on_nonfinite", "deepspeed"), "use stop, or actor.engine.backend=torch"),
+    Case("unknown_reward_policy", ["task.reward_on_error=retry"], ConfigError,
+         ("task.reward_on_error", "'fail' or 'zero'", "retry"), "scores 0 and is counted"),
+    Case("negative_reward_timeout", ["task.reward_timeout_s=-1"], ConfigError, ("task.reward_timeout_s", "-1"),
+         "use 0 for no timeout"),
+    # sizes that do not divide
+    Case("minibatch_not_dividing_step", ["batch.update_minibatch_sequences=48"], ConfigError,
+         ("batch.update_minibatch_sequences",), "use one of [1, 2, 4, 8, 16, 32, 64]"),
+    Case("samples_per_prompt_breaking_minibatch", ["batch.samples_per_prompt=3"], ConfigError,
+         ("batch.update_minibatch_sequences", "samples_per_prompt 3"), "use one of [1, 2, 3, 4, 6, 8, 12, 16, 24, 48]"),
+    Case("minibatch_not_divisible_by_ranks", ["actor.ranks=3", "batch.update_minibatch_sequences=32"], ConfigError,
+         ("batch.update_minibatch_sequences", "3 data-parallel ranks"), "use a multiple of 3"),
+    Case("micro_batch_not_dividing", ["batch.micro_batch_sequences_per_rank=12"], ConfigError,
+         ("batch.micro_batch_sequences_per_rank",), "use one of [1, 2, 4, 8, 16, 32]"),
+    Case("tp_not_dividing_heads", [*TORCH_ENGINE, "actor.ranks=3", "actor.engine.tensor_parallel=3"], ConfigError,
+         ("actor.engine.tensor_parallel", "num_attention_heads (4)"), "use one of [1, 2]"),
+    Case("tp_not_dividing_kv_heads", [*TORCH_ENGINE, "actor.ranks=4", "actor.engine.tensor_parallel=4"], ConfigError,
+         ("actor.engine.tensor_parallel", "num_key_value_heads (2)"), "use one of [1, 2]"),
+    Case("tp_not_dividing_vocab", [*TORCH_ENGINE, "actor.model_path={vocab_101}", "actor.engine.tensor_parallel=2"],
+         ConfigError, ("actor.engine.tensor_parallel", "vocab_size (101)"), "use one of [1]"),
+    Case("generation_tp_not_dividing_training_tp", ["rollout.tensor_parallel=2"], ConfigError,
+         ("rollout.tensor_parallel", "training TP 1"), "raise actor.engine.tensor_parallel"),
+    Case("tp_not_dividing_ranks", [*TORCH_ENGINE, "actor.ranks=3", "actor.engine.tensor_parallel=2"], ConfigError,
+         ("actor.engine.tensor_parallel", "the 3 ranks"), "use one of [1, 3]"),
+    Case("tp_above_ranks", [*TORCH_ENGINE, "actor.engine.tensor_parallel=4"], ConfigError,
+         ("actor.engine.tensor_parallel", "the 2 ranks"), "set actor.ranks to a multiple of 4"),
+    Case("tp_with_deepspeed", ["actor.engine.tensor_parallel=2"], ConfigError, ("actor.engine.tensor_parallel",),
+         "set actor.engine.backend=torch"),
+    Case("critic_tp", [*PPO, "critic.engine.backend=torch", "critic.engine.tensor_parallel=2"], ConfigError,
+         ("critic.engine.tensor_parallel",), "use 1"),
+    # more ranks than a pool has
+    Case("colocated_ranks_differ", [*PPO, "critic.ranks=1"], ConfigError, ("critic.pool", "actor (2 ranks)"),
+         "set critic.ranks=2, or critic.pool=critic"),
+    Case("local_backend_with_two_ranks", ["backend=local"], ConfigError, ("actor.ranks",),
+         "set it to 1 or use backend=ray"),
+    # unknown names
+    Case("unknown_backend", ["backend=slurm"], ConfigError, ("backend", "'slurm'"), "must be 'ray' or 'local'"),
+    Case("unknown_algorithm", ["algorithm.name=a2c"], ConfigError, ("algorithm.name", "'a2c'"), "'grpo'"),
+    Case("unknown_task", ["task.name=chess"], ConfigError, ("task.name", "'chess'"),
+         "known tasks: arithmetic, gsm8k, sorting"),
+    Case("unknown_rollout_engine", ["rollout.engine=sglang"], ConfigError, ("rollout.engine", "'sglang'"),
+         "('torch', 'vllm')"),
+    Case("unknown_train_backend", ["actor.engine.backend=megatron"], ConfigError, ("actor.engine.backend",),
+         "('torch', 'deepspeed', 'fsdp')"),
+    Case("unknown_reshard", ["rollout.reshard=nccl"], ConfigError, ("rollout.reshard",), "'hybridflow'"),
+    Case("unknown_policy_loss", ["algorithm.policy_loss=trpo"], ConfigError, ("algorithm.policy_loss", "'trpo'"),
+         "known: ppo"),
+    Case("unknown_cost", ["task.cost=toxicity"], ConfigError, ("task.cost", "'toxicity'"), "['digit_cost']"),
+    Case("safe_rlhf_without_cost", ["algorithm.name=safe_rlhf"], ConfigError, ("task.cost",),
+         "set task.cost (e.g. digit_cost)"),
+    # models and tokenizers
+    Case("empty_model_path", ["actor.model_path=''"], ConfigError, ("actor.model_path",),
+         "create one with `hybridflow-lab init-model`"),
+    Case("missing_model_path", ["actor.model_path=/nonexistent/model"], ConfigError,
+         ("actor.model_path", "does not exist"), "create one with hybridflow_lab.models.create_model_dir"),
+    Case("model_path_not_a_model", ["actor.model_path={not_a_model}"], ConfigError,
+         ("actor.model_path", "has no config.json"), "create one with hybridflow_lab.models.create_model_dir"),
+    Case("model_without_tokenizer", ["actor.model_path={no_tokenizer}"], ConfigError,
+         ("actor.model_path", "no_tokenizer has no tokenizer"), "tokenizer.save_pretrained("),
+    Case("config_vocab_below_tokenizer", ["actor.model_path={vocab_50}"], ConfigError,
+         ("actor.model_path", "vocab_size 50", "100 tokens"), "a model whose vocab_size is at least 100"),
+    Case("tokenizer_above_vocab", ["actor.model_path={tokenizer_104}"], ConfigError,
+         ("actor.model_path", "vocab_size 100", "104 tokens"), "use the tokenizer the model was built with"),
+    Case("critic_vocab_below_tokenizer", [*PPO, "critic.model_path={vocab_50}"], ConfigError,
+         ("critic.model_path", "vocab_size 50"), "a model whose vocab_size is at least 100"),
+    Case("missing_reward_model", ["reward_model_path=/nonexistent/rm"], ConfigError,
+         ("reward_model_path", "does not exist"), "create_model_dir"),
+    # tasks and prompts
+    Case("gsm8k_without_dataset", ["task.name=gsm8k"], ConfigError, ("task.dataset_path",),
+         "needs a .jsonl or .parquet file"),
+    Case("dataset_for_a_bundled_task", ["task.dataset_path=data.jsonl"], ConfigError, ("task.dataset_path",),
+         "set task.name=gsm8k to train on it"),
+    Case("task_prompts_too_long", ["task.digits=20"], ConfigError,
+         ("rollout.max_prompt_tokens", "arithmetic task's held-out prompt"), "or lower task.digits"),
+    # dynamic sampling
+    Case("dynamic_sampling_one_sample", [*DYNAMIC, "batch.samples_per_prompt=1", "batch.update_minibatch_sequences=16"],
+         ConfigError, ("batch.samples_per_prompt",), "set batch.samples_per_prompt >= 2"),
+    Case("dynamic_sampling_zero_rounds", [*DYNAMIC, "algorithm.max_sampling_rounds=0"], ConfigError,
+         ("algorithm.max_sampling_rounds",), "use e.g. 4"),
+    Case("dynamic_sampling_without_groups", [*DYNAMIC, "algorithm.name=remax"], ConfigError,
+         ("algorithm.dynamic_sampling", "remax"), "set algorithm.dynamic_sampling=false"),
+]
+
+
+@pytest.mark.parametrize("case", OVERRIDE_CASES, ids=lambda case: case.id)
+def test_bad_overrides_fail_before_start(case, models, tmp_path):
+    overrides = (*base_overrides(models, tmp_path), *(item.format(**models) for item in case.bad))
+    expect(case, lambda: Lab(None, overrides=overrides, start=False))
+
+
+# ---------------------------------------------------------------------------------------- YAML files
+
+FILE_CASES = [
+    Case("yaml_syntax_error", "actor:\n  ranks: [2\n", ConfigError, ("run.yaml", "line 2"), "fix the file"),
+    Case("yaml_not_utf8", "actor:\n  model_path: café\n".encode("latin-1"), ConfigError,
+         ("run.yaml", "invalid continuation byte"), "fix the file: UTF-8 text"),
+    Case("yaml_list", "- actor\n- critic\n", ConfigError, ("run.yaml", "got a list"),
+         "write 'section:' lines with indented 'key: value' lines"),
+    Case("yaml_unknown_nested_key", "actor:\n  optim:\n    lrr: 1.0e-5\n", ConfigError, ("actor.optim.lrr",),
+         "did you mean actor.optim.lr?"),
+    Case("yaml_missing_file", None, ConfigError, ("run.yaml", "not found"), "check the path"),
+]
+
+
+@pytest.mark.parametrize("case", FILE_CASES, ids=lambda case: case.id)
+def test_bad_config_files_fail_before_start(case, models, tmp_path):
+    path = tmp_path / "run.yaml"
+    if case.bad is not None:
+        path.write_bytes(case.bad.encode() if isinstance(case.bad, str) else case.bad)
+    expect(case, lambda: Lab(path, overrides=base_overrides(models, tmp_path), start=False))
+
+
+# ------------------------------------------------------------------------------------------- datasets
+
+ROW_FIX = "each row needs a non-empty string 'question'"
+LONG_QUESTION = json.dumps({"question": "+".join(["12"] * 16), "answer": "#### 192"})  # 47 characters and tokens
+LATIN_1_ROW = json.dumps({"question": "café?", "answer": "#### 1"}, ensure_ascii=False).encode("latin-1")
+
+DATASET_CASES = [
+    Case("jsonl_bad_json", Dataset("rows.jsonl", jsonl('{"question": "1 + 1 = ?", "answer": "#### 2"')),
+         ConfigError, ("task.dataset_path", "rows.jsonl, row 3", "invalid JSON"), ROW_FIX),
+    Case("jsonl_missing_answer", Dataset("rows.jsonl", jsonl('{"question": "1 + 1 = ?"}')), ConfigError,
+         ("rows.jsonl, row 3", "'answer' is missing"), ROW_FIX),
+    Case("jsonl_question_not_a_string", Dataset("rows.jsonl", jsonl('{"question": 7, "answer": "#### 7"}', at=5)),
+         ConfigError, ("rows.jsonl, row 5", "'question' is not a string (int)"), ROW_FIX),
+    Case("jsonl_empty_question", Dataset("rows.jsonl", jsonl('{"question": " ", "answer": "#### 7"}')), ConfigError,
+         ("rows.jsonl, row 3", "'question' is empty"), ROW_FIX),
+    Case("jsonl_row_not_an_object", Dataset("rows.jsonl", jsonl('["1 + 1 = ?", "#### 2"]')), ConfigError,
+         ("rows.jsonl, row 3", "got list"), ROW_FIX),
+    Case("jsonl_answer_without_number", Dataset("rows.jsonl", jsonl('{"question": "q?", "answer": "two"}')),
+         ConfigError, ("rows.jsonl, row 3", "no '#### <number>'"), ROW_FIX),
+    Case("jsonl_not_utf8", Dataset("rows.jsonl", jsonl().encode() + LATIN_1_ROW), ConfigError,
+         ("rows.jsonl, row 9", "not UTF-8"), "save the file as UTF-8"),
+    Case("jsonl_empty_file", Dataset("rows.jsonl", ""), ConfigError, ("task.dataset_path", "rows.jsonl has 0 rows"),
+         "give a file with at least 6"),
+    Case("jsonl_too_few_rows", Dataset("rows.jsonl", "\n".join(GOOD_ROWS[:3])), ConfigError,
+         ("rows.jsonl has 3 rows",), "give a file with at least 6"),
+    Case("jsonl_prompt_too_long", Dataset("rows.jsonl", jsonl(LONG_QUESTION, at=4)), ConfigError,
+         ("rollout.max_prompt_tokens", "rows.jsonl, row 4", "47 tokens"),
+         "raise rollout.max_prompt_tokens to 47, or shorten or drop those rows"),
+    Case("parquet_missing_column", Dataset("rows.parquet", {"question": ["1 + 1 = ?"] * 8}), ConfigError,
+         ("rows.parquet, row 1", "'answer' is missing"), ROW_FIX),
+    Case("parquet_wrong_type", Dataset("rows.parquet", {"question": list(range(8)), "answer": ["#### 1"] * 8}),
+         ConfigError, ("rows.parquet, row 1", "'question' is not a string"), ROW_FIX),
+    Case("parquet_unreadable", Dataset("rows.parquet", b"question,answer\n"), ConfigError,
+         ("rows.parquet", "not a readable parquet file"), "write it with DataFrame.to_parquet"),
+    Case("missing_file", Dataset("absent.jsonl", None), ConfigError, ("task.dataset_path", "absent.jsonl"),
+         "give a .jsonl or .parquet file"),
+    Case("unsupported_suffix", Dataset("rows.csv", "question,answer\n"), ConfigError,
+         ("rows.csv", "unsupported file type"), "DataFrame.to_json(path, orient='records', lines=True)"),
+]
+
+
+@pytest.mark.parametrize("case", DATASET_CASES, ids=lambda case: case.id)
+def test_bad_datasets_fail_before_start(case, models, tmp_path):
+    path = write_dataset(tmp_path, case.bad)
+    overrides = (*base_overrides(models, tmp_path), *dataset_overrides(path))
+    expect(case, lambda: Lab(None, overrides=overrides, start=False))
+
+
+# ----------------------------------------------------------------------------------------- placements
+
+PLACEMENT_CASES = [
+    Case("tp_above_pool_devices", Placement({"main": 2}, {"actor": "main"}, {"actor": ModelSizes(t=4, tg=4)}),
+         ConfigError, ("placement.actor", "the 2 devices of pool 'main'"), "use t*p in [1, 2]"),
+    Case("pool_without_devices", Placement({"main": 2}, {"actor": "gpus"}), ConfigError,
+         ("placement.actor", "pool 'gpus' has no devices"), "pools: {'main': 2}"),
+]
+
+
+@pytest.mark.parametrize("case", PLACEMENT_CASES, ids=lambda case: case.id)
+def test_bad_placements_fail_before_start(case, models, tmp_path):
+    expect(case, lambda: Lab(None, overrides=base_overrides(models, tmp_path), placement=case.bad, start=False))
+
+
+# ----------------------------------------------------------------------------------- dynamic sampling
+
+def scored_groups(first_uid: int, scores: list[list[float]]) -> DataBatch:
+    """A scored batch: one group (a ``uid``) per list of sample scores."""
+    uids = [first_uid + group for group, samples in enumerate(scores) for _ in samples]
+    return DataBatch({"scores": torch.tensor([s for samples in scores for s in samples])}, {"uid": np.array(uids)})
+
+
+def drawing(batches: list[DataBatch]) -> tuple[Callable[[], DataBatch], list[DataBatch]]:
+    """A ``draw`` that hands out ``batches`` in order, and the list of what it handed out."""
+    drawn: list[DataBatch] = []
+
+    def draw() -> DataBatch:
+        drawn.append(batches[len(drawn)])
+        return drawn[-1]
+
+    return draw, drawn
+
+
+DYNAMIC_CONFIG = (*DYNAMIC, "batch.rollout_batch_prompts=2", "batch.samples_per_prompt=3",
+                  "algorithm.max_sampling_rounds=2")
+
+FILTERED_OUT_CASES = [
+    Case("every_reward_zero", [[[0.0] * 3] * 2] * 2, RuntimeError, ("in 2 rounds", "all 3 samples"),
+         "raise algorithm.max_sampling_rounds (now 2) or batch.samples_per_prompt (now 3)"),
+    Case("each_group_constant", [[[1.0] * 3, [0.0] * 3]] * 2, RuntimeError, ("in 2 rounds",),
+         "or set algorithm.dynamic_sampling=false"),
+]
+
+
+@pytest.mark.parametrize("case", FILTERED_OUT_CASES, ids=lambda case: case.id)
+def test_dynamic_sampling_that_keeps_no_group_names_the_settings(case):
+    draw, drawn = drawing([scored_groups(10 * i, scores) for i, scores in enumerate(case.bad)])
+    expect(case, lambda: informative_batch(draw, resolve_config(None, DYNAMIC_CONFIG)))
+    assert len(drawn) == 2  # every round was tried before giving up
+
+
+def test_dynamic_sampling_keeps_groups_whose_rewards_differ_until_the_batch_is_full():
+    draw, drawn = drawing([scored_groups(0, [[1.0, 0.0, 1.0], [1.0] * 3]),
+                           scored_groups(10, [[0.0] * 3, [0.0, 0.0, 1.0]]),
+                           scored_groups(20, [[1.0, 0.0, 0.0]] * 2)])
+    batch = informative_batch(draw, resolve_config(None, (*DYNAMIC_CONFIG, "algorithm.max_sampling_rounds=3")))
+    assert batch["uid"].tolist() == [0, 0, 0, 11, 11, 11] and len(drawn) == 2  # two groups were enough
