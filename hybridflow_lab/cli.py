@@ -79,6 +79,7 @@ QUICK_BENCH = {
     "reshard": {"repeats": 1, "warmup": 0, "size": "tiny", "layouts": ((2, 1),), "ranks": 2},
     "placement": {"steps": 1, "warmup": 1, "rounds": 1, "settings": (("d1", 1, 1, 1), ("d2", 2, 1, 1))},
     "dashboard": {"blocks": 1, "steps_per_block": 1, "warmup": 0, "ranks": 1, "engine": "torch", "backend": "local"},
+    "soak": {"minutes": 0.1, "save_every": 1, "ranks": 1, "warmup": 1},
 }
 
 
@@ -140,7 +141,12 @@ def _ranked_plans(args: argparse.Namespace, profile: Any) -> dict[str, Any]:
 
 def _bench(args: argparse.Namespace) -> None:
     module = importlib.import_module(f"hybridflow_lab.bench.{args.what}")
-    report = module.run(**(QUICK_BENCH[args.what] if args.quick else {}))
+    options = dict(QUICK_BENCH[args.what]) if args.quick else {}
+    if args.minutes is not None:
+        if args.what != "soak":
+            raise SystemExit("hybridflow-lab bench: error: --minutes is for the soak bench only")
+        options["minutes"] = args.minutes
+    report = module.run(**options)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
@@ -212,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks that print JSON")
     bench.add_argument("what", choices=sorted(QUICK_BENCH))
     bench.add_argument("--quick", action="store_true", help="a small, fast configuration (for smoke tests)")
+    bench.add_argument("--minutes", type=float, help="soak: how long to run (default 10)")
     bench.add_argument("--out", help="also write the JSON to this file")
     bench.set_defaults(run=_bench)
     return parser

@@ -113,3 +113,25 @@ def test_bench_placement_calibrates_then_compares_predicted_and_measured_steps()
     assert len(calibration["measured_rounds_s"]) == report["rounds"] == 1
     # the profile comes from d1's own steps, so the simulator must give back d1's step
     assert abs(calibration["error"]) < 0.1
+
+
+@pytest.mark.slow
+def test_bench_soak_reports_memory_and_telemetry_after_checkpointed_steps():
+    report = json.loads(run_cli("bench", "soak", "--quick"))
+    assert report["steps"] >= 1 and report["checkpoints_kept"]  # it checkpointed every step, keeping 2
+    assert len(report["checkpoints_kept"]) <= 2
+    assert report["controller_rss_mb_start"] > 0 and report["controller_rss_mb_end"] > 0
+    assert len(report["worker_rss_mb_end"]) == len(report["rss_mb_after_release"]["workers"]) == report["ranks"] == 1
+    assert report["rss_mb_after_release"]["workers"][0] <= report["worker_rss_mb_end"][0]
+    assert len(report["python_objects"]["start"]) == len(report["python_objects"]["end"]) == 2  # controller, rank
+    assert report["telemetry_bytes"] > 0 and report["telemetry_spans_in_memory"] > 0
+    assert set(report) >= {"minutes", "steps", "controller_rss_mb_start", "controller_rss_mb_end",
+                           "worker_rss_mb_growth_per_100_steps", "telemetry_bytes"}
+
+
+def test_soak_growth_is_the_least_squares_slope_per_100_steps():
+    from hybridflow_lab.bench.soak import slope_per_100
+
+    assert slope_per_100([10 + 0.5 * step for step in range(40)]) == pytest.approx(50.0)
+    assert slope_per_100([3.0] * 10) == 0.0
+    assert slope_per_100([5.0]) == 0.0

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 
 from hybridflow_lab.controller import WorkerCallError
@@ -71,7 +70,7 @@ def test_a_worker_killed_mid_stage_is_named_and_the_run_recovers_from_its_checkp
     lab = Lab("arithmetic_grpo", overrides=run_overrides(model_dir, tmp_path / "faulty"))
     lab.run(2)  # checkpoint at step 2
     for method in ("generate_sequences", "update_actor"):
-        pid = ray.get(lab.actor._backend.actors[1].__ray_call__.remote(lambda host: os.getpid()))
+        pid = lab.actor.pids()[1]
         on_dispatch(lab, method, lambda pid=pid: os.kill(pid, signal.SIGKILL))
         started = time.monotonic()
         with pytest.raises(WorkerCallError) as failure:

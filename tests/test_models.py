@@ -18,6 +18,7 @@ from hybridflow_lab.models import (
     train_bpe_tokenizer,
 )
 from hybridflow_lab.models.heads import last_token_scores, load_scalar_model
+from hybridflow_lab.models.tokenizers import load_tokenizer
 
 
 def padded_batch(rows: int = 3, length: int = 10, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,6 +85,15 @@ def test_kv_cache_prefill_and_decode_equal_the_full_forward(tmp_path):
         steps += [model(ids[:, i : i + 1], cache=cache) for i in range(6, 9)]
     incremental = torch.cat(steps, 1)
     torch.testing.assert_close(incremental[full_mask.bool()], full[full_mask.bool()], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_a_model_directorys_tokenizer_loads_as_written(tmp_path, arch):
+    text = "What is 12 + 3?\nIt is 15."
+    written = char_tokenizer()
+    loaded = load_tokenizer(create_model_dir(tmp_path / arch, "tiny", arch, seed=0))
+    assert loaded(text)["input_ids"] == written(text)["input_ids"] and loaded.decode(written(text)["input_ids"]) == text
+    assert (loaded.padding_side, loaded.pad_token, loaded.eos_token) == ("left", "<pad>", "<eos>")
 
 
 def test_char_tokenizer_round_trips_through_an_hf_directory(tmp_path):

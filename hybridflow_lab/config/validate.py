@@ -8,7 +8,7 @@ from functools import reduce
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from transformers import AutoTokenizer, PretrainedConfig
+from transformers import PretrainedConfig
 
 from hybridflow_lab.config.loading import ConfigError
 from hybridflow_lab.config.schema import LabConfig, RoleConfig
@@ -16,6 +16,7 @@ from hybridflow_lab.engines import TRAIN_BACKENDS
 from hybridflow_lab.hybrid.layout import STRATEGIES
 from hybridflow_lab.models.factory import load_config
 from hybridflow_lab.models.tensor_parallel import check_shardable
+from hybridflow_lab.models.tokenizers import load_tokenizer
 
 ROLLOUT_ENGINES = ("torch", "vllm")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -255,7 +256,7 @@ def _tokenizer(path: str) -> Any:
         raise ConfigError("actor.model_path", f"{path} has no tokenizer ({' or '.join(TOKENIZER_FILES)}); save "
                           f"the model's tokenizer there with tokenizer.save_pretrained({path!r}), or create the "
                           "directory with hybridflow_lab.models.create_model_dir")
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return load_tokenizer(path)
 
 
 def _check_shardable(model: PretrainedConfig, key: str, size: int) -> None:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from hybridflow_lab.controller.errors import WorkerCallError
 from hybridflow_lab.controller.futures import RemoteRows
+from hybridflow_lab.controller.memory import memory_report
 from hybridflow_lab.controller.mesh import Mesh
 from hybridflow_lab.controller.worker import Worker, WorkerContext
 from hybridflow_lab.protocol import DataBatch, payload_nbytes
@@ -186,6 +187,10 @@ class RankHost:
     def _error(self, role: str, method: str, exc: Exception) -> WorkerCallError:
         return WorkerCallError(self.info.group, role, self.info.rank, method, f"{type(exc).__name__}: {exc}",
                                traceback.format_exc())
+
+    def memory(self, release: bool = False) -> dict[str, float]:
+        """This rank's process memory (``controller.memory.memory_report``)."""
+        return memory_report(release)
 
     def shutdown(self) -> None:
         """Leave the process group (ray backend; the local backend shares the controller's)."""

@@ -8,6 +8,7 @@ so code that works here does not rely on sharing memory with the controller.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,6 +51,12 @@ class LocalRanks:
 
     def spans(self, handles: Sequence[RankHandle], block: bool) -> list[Span]:
         return [span for h in handles for span in h.spans]
+
+    def pids(self) -> list[int]:
+        return [os.getpid()] * len(self.hosts)
+
+    def memory(self, release: bool) -> list[dict[str, float]]:
+        return [host.memory(release) for host in self.hosts]
 
     def shutdown(self) -> None:
         self.hosts = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -152,6 +153,13 @@ class RayRanks:
             offset = self.offsets[handle.rank]
             spans += [replace(s, t_start=s.t_start - offset, t_end=s.t_end - offset) for s in rank_spans]
         return spans
+
+    def pids(self) -> list[int]:
+        """Each rank's process id."""
+        return ray.get([actor.__ray_call__.remote(lambda host: os.getpid()) for actor in self.actors])
+
+    def memory(self, release: bool) -> list[dict[str, float]]:
+        return ray.get([actor.memory.remote(release) for actor in self.actors])
 
     def shutdown(self) -> None:
         """Kill the rank actors (their processes and everything they hold go with them)."""

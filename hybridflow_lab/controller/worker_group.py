@@ -121,6 +121,14 @@ class WorkerGroup:
     def world_size(self) -> int:
         return self.layout.world_size
 
+    def pids(self) -> list[int]:
+        """The process id of each rank (the controller's own on the local backend)."""
+        return self._backend.pids()
+
+    def memory(self, release: bool = False) -> list[dict[str, float]]:
+        """Each rank's resident MiB and live Python objects (``controller.memory.memory_report``)."""
+        return self._backend.memory(release)
+
     @property
     def meshes(self) -> Mapping[str, Mesh]:
         return self.layout.meshes

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from transformers import AutoTokenizer
 
 from hybridflow_lab.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from hybridflow_lab.algorithms.registry import get_advantage_estimator, get_policy_loss
 from hybridflow_lab.algorithms.safe_rlhf import LagrangeMultiplier
 from hybridflow_lab.config import LabConfig, to_dict, validate
 from hybridflow_lab.controller import ResourcePool, Role, WorkerCallError, WorkerGroup, init_cluster
+from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.redact import redact
 from hybridflow_lab.tasks.base import Example
@@ -95,7 +95,7 @@ class Lab:
             self.config = place(self.config, placement)
         self.name = name or Path(self.config.trainer.run_dir).name
         self.run_dir = Path(self.config.trainer.run_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.config.actor.model_path, local_files_only=True)
+        self.tokenizer = load_tokenizer(self.config.actor.model_path)
         self.task = build_task(self.config)
         self.reward_guard = RewardGuard.from_config(self.config.task)
         self._reset_run_state()

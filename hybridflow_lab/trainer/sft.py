@@ -6,13 +6,14 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from hybridflow_lab.engines.forward import count_response_tokens, response_nll
 from hybridflow_lab.engines.torch_engine import TorchEngine
 from hybridflow_lab.engines.torch_rollout import sequences_batch
 from hybridflow_lab.engines.train_base import OptimConfig
 from hybridflow_lab.models import load_causal_lm, save_model_dir
+from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.tasks import Example, PromptSource, Task
 from hybridflow_lab.tasks.prompts import encode_prompts
@@ -38,7 +39,7 @@ def sft(model_dir: str | os.PathLike[str], task: Task, out_dir: str | os.PathLik
         batch_size: int = 64, lr: float = 1e-3, seed: int = 0) -> dict[str, float]:
     """Train on ``steps`` batches of fresh demonstrations; save the model (and tokenizer) to ``out_dir``."""
     torch.manual_seed(seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    tokenizer = load_tokenizer(model_dir)
     model = load_causal_lm(model_dir)
     engine = TorchEngine(model, OptimConfig(lr=lr, warmup_steps=min(20, steps // 10), schedule="cosine",
                                             total_steps=steps, min_lr_ratio=0.1))

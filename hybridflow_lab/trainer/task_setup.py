@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
 
 from hybridflow_lab.algorithms.dapo import overlong_penalty
 from hybridflow_lab.config import ConfigError, LabConfig
 from hybridflow_lab.config.schema import TaskConfig
+from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.tasks import (
     TASKS,
     Example,
@@ -110,7 +110,7 @@ def _check_prompt_lengths(config: LabConfig, prompts: Sequence[tuple[str, str]],
     """Every prompt (``(where it comes from, text)``) fits ``rollout.max_prompt_tokens`` under the actor's tokenizer:
     a longer one would fail only once workers generate."""
     limit = config.rollout.max_prompt_tokens
-    tokenizer = AutoTokenizer.from_pretrained(config.actor.model_path, local_files_only=True)
+    tokenizer = load_tokenizer(config.actor.model_path)
     counts = token_counts(tokenizer, [text for _, text in prompts])
     too_long = [i for i, count in enumerate(counts) if count > limit]
     if too_long:

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from transformers import AutoTokenizer
 
 from hybridflow_lab.algorithms.kl import kl_estimate
 from hybridflow_lab.algorithms.losses import ppo_policy_loss
@@ -26,6 +25,7 @@ from hybridflow_lab.hybrid.reshard import process_groups
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.models.decoder import shard_model
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
+from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.workers.batching import micro_batches, train_minibatches
 from hybridflow_lab.workers.trained_role import TrainedRole
@@ -57,7 +57,7 @@ class ActorWorker(TrainedRole):
         torch.manual_seed(config.seed)
         self.config = config
         path = config.actor.model_path
-        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.tokenizer = load_tokenizer(path)
         self.layout = actor_layout(config)
         tp, dp_group = self._training_parallelism()
         self.engine = self.build_engine(config.actor, shard_model(load_causal_lm(path), tp), dp_group, tp)
