@@ -60,16 +60,16 @@ def test_bench_dispatch_prints_comparable_json(tmp_path):
         assert row["ratio"] == pytest.approx(row["ours_ms_p50"] / row["ray_ms_p50"], rel=0.01)
 
 
-@pytest.mark.parametrize("task", ["arithmetic", "sorting"])
-def test_rl_demo_reports_accuracy_before_after_and_the_curve(tmp_path, task):
-    out = run_cli("demo", "--task", task, "--run-dir", str(tmp_path), "--sft-steps", "30", "--rl-steps", "50")
+@pytest.mark.parametrize(("task", "rl_steps"), [("arithmetic", 50), ("sorting", 4)])
+def test_rl_demo_reports_accuracy_before_after_and_the_curve(tmp_path, task, rl_steps):
+    out = run_cli("demo", "--task", task, "--run-dir", str(tmp_path), "--sft-steps", "30", "--rl-steps", str(rl_steps))
     summary = json.loads(out[out.index("{"):])
     assert 0.0 <= summary["accuracy_before_rl"] <= 1.0 and 0.0 <= summary["accuracy_after_rl"] <= 1.0
     assert summary["gain_points"] == pytest.approx(100 * (summary["accuracy_after_rl"] - summary["accuracy_before_rl"]),
                                                    abs=0.051)
-    assert list(summary["accuracy_every_50_steps"]) == ["50"]
-    assert len((tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()) == 50
-    assert (tmp_path / "grpo" / "checkpoints" / "step_000050").is_dir()
+    assert list(summary["accuracy_every_50_steps"]) == [str(step) for step in range(50, rl_steps + 1, 50)]
+    assert len((tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()) == rl_steps
+    assert (tmp_path / "grpo" / "checkpoints" / f"step_{rl_steps:06d}").is_dir()
 
 
 def test_bench_dashboard_compares_steps_with_and_without_a_live_dashboard():
@@ -115,7 +115,6 @@ def test_bench_placement_calibrates_then_compares_predicted_and_measured_steps()
     assert abs(calibration["error"]) < 0.1
 
 
-@pytest.mark.slow
 def test_bench_soak_reports_memory_and_telemetry_after_checkpointed_steps():
     report = json.loads(run_cli("bench", "soak", "--quick"))
     assert report["steps"] >= 1 and report["checkpoints_kept"]  # it checkpointed every step, keeping 2
@@ -127,11 +126,3 @@ def test_bench_soak_reports_memory_and_telemetry_after_checkpointed_steps():
     assert report["telemetry_bytes"] > 0 and report["telemetry_spans_in_memory"] > 0
     assert set(report) >= {"minutes", "steps", "controller_rss_mb_start", "controller_rss_mb_end",
                            "worker_rss_mb_growth_per_100_steps", "telemetry_bytes"}
-
-
-def test_soak_growth_is_the_least_squares_slope_per_100_steps():
-    from hybridflow_lab.bench.soak import slope_per_100
-
-    assert slope_per_100([10 + 0.5 * step for step in range(40)]) == pytest.approx(50.0)
-    assert slope_per_100([3.0] * 10) == 0.0
-    assert slope_per_100([5.0]) == 0.0
