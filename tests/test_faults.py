@@ -51,6 +51,15 @@ def on_dispatch(lab: Lab, method: str, action) -> None:
     unsubscribe = lab.telemetry.subscribe(listener)
 
 
+@pytest.fixture
+def interruptible():
+    """SIGINT raises KeyboardInterrupt, as in a notebook kernel, even when the test runner was started in the
+    background (where the shell makes the process ignore SIGINT)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def rank_processes() -> int:
     """Live processes hosting a worker rank (Ray names them after the actor class)."""
     count = 0
@@ -215,7 +224,7 @@ def test_a_nonfinite_update_never_reaches_the_weights(model_dir, tmp_path, polic
     lab.shutdown()
 
 
-def test_an_interrupt_during_submission_is_held_until_the_block_ends():
+def test_an_interrupt_during_submission_is_held_until_the_block_ends(interruptible):
     finished = []
     with pytest.raises(KeyboardInterrupt), interrupts_held():
         os.kill(os.getpid(), signal.SIGINT)
@@ -226,7 +235,7 @@ def test_an_interrupt_during_submission_is_held_until_the_block_ends():
 
 @pytest.mark.slow
 def test_an_interrupted_stage_leaves_the_lab_usable_and_rebuilding_it_replaces_its_workers(ray_cluster, model_dir,
-                                                                                          tmp_path):
+                                                                                          tmp_path, interruptible):
     before = rank_processes()
     overrides = run_overrides(model_dir, tmp_path / "run", "ray", "trainer.save_every=0")
     lab = Lab("arithmetic_grpo", overrides=overrides)
