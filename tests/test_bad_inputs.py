@@ -270,6 +270,13 @@ OVERRIDE_CASES = [
          "set task.name=gsm8k to train on it"),
     Case("task_prompts_too_long", ["task.digits=20"], ConfigError,
          ("rollout.max_prompt_tokens", "arithmetic task's held-out prompt"), "or lower task.digits"),
+    Case("grpo_one_sample_per_prompt", ["batch.samples_per_prompt=1", "batch.update_minibatch_sequences=16"],
+         ConfigError, ("batch.samples_per_prompt", "grpo scores each sample against"),
+         "set batch.samples_per_prompt >= 2"),
+    Case("rloo_one_sample_per_prompt", ["algorithm.name=rloo", "batch.samples_per_prompt=1",
+                                        "batch.update_minibatch_sequences=16"],
+         ConfigError, ("batch.samples_per_prompt", "rloo scores each sample against"),
+         "set batch.samples_per_prompt >= 2"),
     # dynamic sampling
     Case("dynamic_sampling_one_sample", [*DYNAMIC, "batch.samples_per_prompt=1", "batch.update_minibatch_sequences=16"],
          ConfigError, ("batch.samples_per_prompt",), "set batch.samples_per_prompt >= 2"),
@@ -362,7 +369,8 @@ PLACEMENT_CASES = [
     Case("tp_above_pool_devices", Placement({"main": 2}, {"actor": "main"}, {"actor": ModelSizes(t=4, tg=4)}),
          ConfigError, ("placement.actor", "the 2 devices of pool 'main'"), "use t*p in [1, 2]"),
     Case("pool_without_devices", Placement({"main": 2}, {"actor": "gpus"}), ConfigError,
-         ("placement.actor", "pool 'gpus' has no devices"), "pools: {'main': 2}"),
+         ("placement.actor", "pool 'gpus' has no devices", "pools: {'main': 2}"),
+         "assign actor to one of ['main'] or give 'gpus' devices"),
 ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -193,6 +194,21 @@ def test_lab_reconfigure_rejects_a_bad_layout_and_keeps_the_config(model_dir, tm
     with pytest.raises(ConfigError, match=r"critic\.pool"):
         lab.reconfigure("critic.ranks=1")
     assert lab.config.critic.ranks == 2
+
+
+def test_lab_reconfigure_checks_the_task_under_the_new_settings_and_keeps_the_prompt_stream(model_dir, tmp_path):
+    lab = Lab(ppo_config(model_dir, f"trainer.run_dir={tmp_path}"), start=False)
+    lab.task.source.next_batch(3)
+    drawn = lab.task.source.state_dict()
+    with pytest.raises(ConfigError, match=r"rollout\.max_prompt_tokens"):
+        lab.reconfigure("rollout.max_prompt_tokens=2")  # shorter than the task's prompts
+    assert lab.config.rollout.max_prompt_tokens > 2
+    lab.reconfigure("actor.optim.lr=2e-4")
+    assert lab.config.actor.optim.lr == 2e-4 and lab.task.source.state_dict() == drawn
+    lab.reconfigure("task.digits=3")
+    assert lab.task.source.state_dict() != drawn
+    assert max(len(operand) for example in lab.task.source.next_batch(16)
+               for operand in re.findall(r"\d+", example.prompt)) == 3  # 3-digit operands now
 
 
 def test_the_board_shows_trained_roles_and_moves_the_reference_with_the_actor(model_dir, tmp_path):

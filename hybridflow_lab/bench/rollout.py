@@ -31,7 +31,8 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
     with tempfile.TemporaryDirectory() as tmp:
         path = create_model_dir(f"{tmp}/model", size, "qwen2", seed=0, tokenizer=tokenizer)
         ours = load_causal_lm(path).eval()
-        theirs = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
+        theirs = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True,
+                                                     dtype=torch.float32).eval()
     batch = tokenizer(arithmetic_prompts(prompts, prompt_tokens), return_tensors="pt")
     ids, mask = batch["input_ids"], batch["attention_mask"]
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, seed=0)

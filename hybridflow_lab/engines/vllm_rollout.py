@@ -82,7 +82,7 @@ class VllmRollout:
         self.sleep_supported = torch.cuda.is_available()  # the CPU backend rejects sleep mode
         self.llm = LLM(model=model_path, tensor_parallel_size=tensor_parallel, seed=seed, enforce_eager=True,
                        gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_supported,
-                       dtype="auto")
+                       dtype="auto", load_format="safetensors")  # never "auto"'s pickle fallback
 
     def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Load new weights in place (names as in the HF checkpoint), then drop cached prefixes."""

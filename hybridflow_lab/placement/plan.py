@@ -183,7 +183,9 @@ class Placement:
             if model not in ROLES:
                 raise ConfigError(f"placement.{model}", f"unknown model; models are {ROLES}")
             if pool not in self.pools or self.pools[pool] < 1:
-                raise ConfigError(f"placement.{model}", f"pool {pool!r} has no devices; pools: {self.pools}")
+                with_devices = [name for name, devices in self.pools.items() if devices >= 1]
+                raise ConfigError(f"placement.{model}", f"pool {pool!r} has no devices; pools: {self.pools}; "
+                                  f"assign {model} to one of {with_devices} or give {pool!r} devices")
             sizes, devices = self.size_of(model), self.pools[pool]
             if devices % (sizes.t * sizes.p):
                 usable = [n for n in range(1, devices + 1) if devices % n == 0]

@@ -125,6 +125,8 @@ ESTIMATOR_OF: dict[str, str] = {
     "reinforce_plus_plus_baseline": "reinforce_plus_plus_baseline", "remax": "remax", "safe_rlhf": "grpo",
 }
 
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline")  # a sample against its group
+
 
 def register_dataflow(name: str, dataflow: Dataflow, estimator: str) -> None:
     """Make ``algorithm.name=<name>`` run ``dataflow`` with advantage estimator ``estimator``."""
@@ -157,6 +159,10 @@ def check_algorithm(config: LabConfig) -> None:
             raise ConfigError(key.strip(), str(exc.args[0] if exc.args else exc)) from None
     if algorithm.name == "safe_rlhf" and not config.task.cost:
         raise ConfigError("task.cost", "safe_rlhf needs a cost signal; set task.cost (e.g. digit_cost)")
+    if ESTIMATOR_OF[algorithm.name] in GROUP_ESTIMATORS and config.batch.samples_per_prompt < 2:
+        raise ConfigError("batch.samples_per_prompt", f"{algorithm.name} scores each sample against the other "
+                          "samples of its prompt, and a group of one has none (every advantage would be 0); set "
+                          "batch.samples_per_prompt >= 2 (e.g. 8)")
     if algorithm.dynamic_sampling:
         _check_dynamic_sampling(config)
 
