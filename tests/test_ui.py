@@ -6,6 +6,7 @@ import re
 import time
 
 import pytest
+import torch
 
 from hybridflow_lab.config import ConfigError
 from hybridflow_lab.models import create_model_dir
@@ -196,15 +197,17 @@ def test_lab_reconfigure_rejects_a_bad_layout_and_keeps_the_config(model_dir, tm
     assert lab.config.critic.ranks == 2
 
 
-def test_lab_reconfigure_checks_the_task_under_the_new_settings_and_keeps_the_prompt_stream(model_dir, tmp_path):
+def test_lab_reconfigure_checks_the_task_under_the_new_settings_and_keeps_an_unchanged_task(model_dir, tmp_path):
     lab = Lab(ppo_config(model_dir, f"trainer.run_dir={tmp_path}"), start=False)
     lab.task.source.next_batch(3)
     drawn = lab.task.source.state_dict()
     with pytest.raises(ConfigError, match=r"rollout\.max_prompt_tokens"):
         lab.reconfigure("rollout.max_prompt_tokens=2")  # shorter than the task's prompts
     assert lab.config.rollout.max_prompt_tokens > 2
-    lab.reconfigure("actor.optim.lr=2e-4")
-    assert lab.config.actor.optim.lr == 2e-4 and lab.task.source.state_dict() == drawn
+    lab.task.reward = len  # replaced in the notebook
+    lab.reconfigure("actor.optim.lr=2e-4", "algorithm.overlong_buffer=4")
+    assert lab.config.actor.optim.lr == 2e-4 and lab.task.source.state_dict() == drawn and lab.task.reward is len
+    assert lab.task.shaping(torch.tensor([lab.config.rollout.max_new_tokens]))[0] < 0  # the overlong penalty applies
     lab.reconfigure("task.digits=3")
     assert lab.task.source.state_dict() != drawn
     assert max(len(operand) for example in lab.task.source.next_batch(16)

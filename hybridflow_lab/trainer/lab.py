@@ -200,13 +200,15 @@ class Lab:
     def reconfigure(self, *overrides: str) -> LabConfig:
         """Apply dotted overrides (placement, parallel sizes, task, ...) after validating them and the task
         under them; running worker groups restart with the new layout and reload the weights from
-        ``actor.model_path``. The prompt stream continues unless the task changed."""
+        ``actor.model_path``. The task (its prompt stream, its reward function) stays unless ``task.*`` changed."""
         config = resolve_config(self.config, overrides)
         check_config(config)
-        task = build_task(config)  # the task's checks (dataset rows, prompt lengths) under the new settings
-        if config.task == self.config.task:  # the same prompts: the stream goes on where it was
-            task.source.load_state_dict(self.task.source.state_dict())
-        self.config, self.task = config, task
+        checked = build_task(config)  # the task's checks (dataset rows, prompt lengths) under the new settings
+        if config.task != self.config.task:
+            self.task = checked
+        else:  # the same task goes on: its prompt stream, and a reward function the notebook may have replaced
+            self.task.shaping = checked.shaping
+        self.config = config
         self.tokenizer = load_tokenizer(config.actor.model_path)
         self.reward_guard = RewardGuard.from_config(config.task)
         if self.groups:
