@@ -97,7 +97,6 @@ class Lab:
         self.run_dir = Path(self.config.trainer.run_dir)
         self.tokenizer = load_tokenizer(self.config.actor.model_path)
         self.task = build_task(self.config)
-        self.reward_guard = RewardGuard.from_config(self.config.task)
         self._reset_run_state()
         self.telemetry = TelemetryStore()
         self.history: list[dict[str, float]] = []  # each step's metrics, with its "step"
@@ -186,6 +185,11 @@ class Lab:
         return Placement.from_config(self.config)
 
     @property
+    def reward_guard(self) -> RewardGuard:
+        """How rows the task's reward function cannot score are handled (``task.reward_on_error`` etc.)."""
+        return RewardGuard.from_config(self.config.task)
+
+    @property
     def trained_roles(self) -> tuple[str, ...]:
         """The configured roles with their own ``RoleConfig`` (and pool): the actor, and the critic if used."""
         return trained_roles(self.config)
@@ -208,9 +212,9 @@ class Lab:
             self.task = checked
         else:  # the same task goes on: its prompt stream, and a reward function the notebook may have replaced
             self.task.shaping = checked.shaping
+        if config.actor.model_path != self.config.actor.model_path:
+            self.tokenizer = load_tokenizer(config.actor.model_path)
         self.config = config
-        self.tokenizer = load_tokenizer(config.actor.model_path)
-        self.reward_guard = RewardGuard.from_config(config.task)
         if self.groups:
             self.start()
         return config
