@@ -8,6 +8,7 @@ from hybridflow_lab import DataBatch
 from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.engines import OptimConfig, build_train_engine
 from hybridflow_lab.engines.forward import count_response_tokens, response_nll
+from hybridflow_lab.engines.train_base import NonFiniteUpdate
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.workers.trained_role import TrainedRole
 
@@ -33,6 +34,21 @@ class EngineProbe(TrainedRole):
             losses.append(result["loss"])
             norms.append(result["grad_norm"])
         return DataBatch({"row": torch.ones(len(batch))}, meta={"losses": losses, "grad_norms": norms})
+
+    @register(Dispatch.DP_COMPUTE)
+    def train_with_nan_gradient(self, batch: DataBatch, rank: int) -> DataBatch:
+        """One step whose loss is finite but whose gradient on ``rank`` holds a NaN (a hook on one weight);
+        the error's text, or the step's metrics, in meta."""
+        weight = next(self.engine.model.parameters())
+        hook = weight.register_hook(lambda grad: grad * float("nan")) if self.rank == rank else None
+        try:
+            result = self.engine.train_step(batch.chunk(self.micro_batches), response_nll, count_response_tokens)
+        except NonFiniteUpdate as error:
+            result = {"error": str(error)}
+        finally:
+            if hook is not None:
+                hook.remove()
+        return DataBatch({"row": torch.ones(len(batch))}, meta=result)
 
     @register(Dispatch.ONE_TO_ALL)
     def weights(self) -> dict[str, torch.Tensor]:

@@ -7,6 +7,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,14 +20,18 @@ from hybridflow_lab.algorithms import (
     LagrangeMultiplier,
     aggregate,
     apply_kl_penalty,
+    cispo_policy_loss,
     clipped_value_loss,
     combined_advantages,
     gae,
     get_advantage_estimator,
     get_policy_loss,
+    group_centered,
     grpo,
+    gspo_policy_loss,
     informative_groups,
     kl_estimate,
+    kl_kind,
     masked_whiten,
     overlong_penalty,
     ppo_policy_loss,
@@ -36,6 +41,7 @@ from hybridflow_lab.algorithms import (
     reinforce_plus_plus_baseline,
     remax,
     rloo,
+    rollout_correction,
 )
 
 
@@ -275,16 +281,18 @@ def test_clipped_value_loss():
 AGG_LOSS = t([[1, 2, 3, 4], [5, 6, 100, 100], [7, 100, 100, 100], [9, 9, 9, 9]])
 AGG_MASK = t([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
 # valid tokens: 1+2+3+4 = 10, 5+6 = 11, 7; row 3 has none
+AGG_NORM = 8  # seq-mean-token-sum-norm: every sequence's token sum over the same 8, whatever its length
 AGG_EXPECTED = {
     "token-mean": (28.0, 7.0, 4.0),
     "seq-mean-token-sum": (28.0, 3.0, 28 / 3),
     "seq-mean-token-mean": (2.5 + 5.5 + 7.0, 3.0, 5.0),
+    "seq-mean-token-sum-norm": (28.0, 3.0 * AGG_NORM, 28 / 24),
 }
 
 
 @pytest.mark.parametrize("mode", list(AGG_EXPECTED))
 def test_aggregate_whole_batch(mode):
-    loss_sum, units = aggregate(AGG_LOSS, AGG_MASK, mode)
+    loss_sum, units = aggregate(AGG_LOSS, AGG_MASK, mode, AGG_NORM)
     expected_sum, expected_units, _ = AGG_EXPECTED[mode]
     assert float(loss_sum) == pytest.approx(expected_sum)
     assert isinstance(units, float) and units == expected_units
@@ -292,15 +300,25 @@ def test_aggregate_whole_batch(mode):
 
 @pytest.mark.parametrize("mode", list(AGG_EXPECTED))
 def test_aggregate_sums_over_micro_batches_give_the_batch_mean(mode):
-    halves = [aggregate(AGG_LOSS[rows], AGG_MASK[rows], mode) for rows in (slice(0, 2), slice(2, 4))]
+    halves = [aggregate(AGG_LOSS[rows], AGG_MASK[rows], mode, AGG_NORM) for rows in (slice(0, 2), slice(2, 4))]
     total_sum = sum(float(s) for s, _ in halves)
     total_units = sum(u for _, u in halves)
     assert total_sum / total_units == pytest.approx(AGG_EXPECTED[mode][2])
 
 
 def test_aggregate_unknown_mode_lists_the_modes():
-    with pytest.raises(ValueError, match="token-mean, seq-mean-token-sum, seq-mean-token-mean"):
+    with pytest.raises(ValueError, match=", ".join(AGG_EXPECTED)):
         aggregate(AGG_LOSS, AGG_MASK, "mean")
+    with pytest.raises(ValueError, match="pass norm_tokens >= 1"):
+        aggregate(AGG_LOSS, AGG_MASK, "seq-mean-token-sum-norm")
+
+
+def test_dr_grpo_aggregation_weighs_every_token_alike_whatever_its_sequence_length():
+    # d(loss)/d(token) is 1 / (sequences * norm) for every valid token: short sequences get no extra weight
+    loss = AGG_LOSS.clone().requires_grad_()
+    loss_sum, units = aggregate(loss, AGG_MASK, "seq-mean-token-sum-norm", AGG_NORM)
+    (loss_sum / units).backward()
+    close(loss.grad, AGG_MASK / 24)
 
 
 # ---------------------------------------------------------------- Safe-RLHF
@@ -358,6 +376,7 @@ def test_builtin_names_are_registered():
     assert set(ADVANTAGE_ESTIMATORS) == {
         "gae", "grpo", "dr_grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline"}
     assert get_policy_loss("ppo") is ppo_policy_loss
+    assert get_policy_loss("gspo") is gspo_policy_loss and get_policy_loss("cispo") is cispo_policy_loss
 
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
@@ -426,7 +445,7 @@ def test_register_a_policy_loss_from_user_code():
 def test_unknown_names_raise_key_error_listing_known_names():
     with pytest.raises(KeyError, match=r"unknown advantage estimator 'nope'; known: dr_grpo, gae, grpo"):
         get_advantage_estimator("nope")
-    with pytest.raises(KeyError, match=r"unknown policy loss 'nope'; known: ppo"):
+    with pytest.raises(KeyError, match=r"unknown policy loss 'nope'; known: cispo, gspo, ppo"):
         get_policy_loss("nope")
 
 
@@ -443,3 +462,141 @@ def test_package_imports_only_torch_numpy_and_stdlib():
             else:
                 continue
             assert set(roots) <= allowed, f"{path.name} imports {roots}"
+
+
+# ---------------------------------------------------------------- numerical guards (issue 15)
+
+def test_k3_gradient_is_finite_at_large_log_ratios():
+    # a padding token whose log-ratio is 100: its KL is masked, and the gradient must not be poisoned by exp(100) * 0
+    log_probs = t([[-0.5, 100.0], [-100.0, -0.2]]).requires_grad_()
+    mask = t([[1, 0], [0, 1]])
+    kl = kl_estimate(log_probs, torch.zeros_like(log_probs), "k3")
+    assert torch.isfinite(kl).all()
+    (kl * mask).sum().backward()
+    assert torch.isfinite(log_probs.grad).all()
+    # valid tokens keep the exact k3 gradient 1 - exp(-x); the masked ones get none
+    close(log_probs.grad, [[1 - math.exp(0.5), 0.0], [0.0, 1 - math.exp(0.2)]])
+
+
+def test_ppo_ratio_is_clamped_so_a_zero_advantage_never_gives_nan():
+    log_probs = t([[100.0, 0.1], [-100.0, 0.0]]).requires_grad_()
+    advantages = t([[0.0, 1.0], [0.0, 0.0]])  # a padding token / a constant-reward group
+    mask = t([[0, 1], [1, 1]])
+    loss, metrics = ppo_policy_loss(log_probs, torch.zeros_like(log_probs), advantages, mask)
+    assert torch.isfinite(loss).all() and torch.isfinite(metrics["pg_clipfrac"]).all()
+    loss.sum().backward()
+    assert torch.isfinite(log_probs.grad).all()
+    close(loss, [[0.0, -math.exp(0.1)], [0.0, 0.0]])
+
+
+EQUAL_REWARDS = [
+    [3.1] * 64,  # not exactly representable: the computed mean is 3.1 plus rounding
+    [0.1 + 0.5 * 2 / 3] * 8,  # a partial-credit reward (digit_score) shared by the whole group
+]
+
+
+@pytest.mark.parametrize("rewards", EQUAL_REWARDS, ids=["64x3.1", "partial_credit"])
+def test_grpo_gives_exactly_zero_advantages_to_a_group_whose_rewards_are_all_equal(rewards):
+    n = len(rewards)
+    scores = torch.tensor([*rewards, *range(n)], dtype=torch.float32)  # the equal group, and one that varies
+    groups = torch.tensor([0] * n + [1] * n)
+    mask = torch.ones(2 * n, 3)
+    for advantages in (grpo(scores, groups, mask), grpo(scores, groups, mask, norm_by_std=False),
+                       rloo(scores, groups, mask)):
+        assert torch.equal(advantages[:n], torch.zeros(n, 3))
+        assert advantages[n:].abs().sum() > 0
+    assert torch.equal(group_centered(scores, groups)[:n], torch.zeros(n))
+
+
+def test_remax_advantages_keep_the_scores_dtype():
+    scores = torch.tensor([1.0, 0.5])
+    baseline = np.array([0.25, 1.0])  # float64, as a column built from Python floats arrives
+    advantages = remax(scores, baseline, torch.ones(2, 2))
+    assert advantages.dtype == torch.float32
+    close(advantages, [[0.75, 0.75], [-0.5, -0.5]])
+
+
+def test_verl_kl_names_map_to_the_estimators():
+    assert [kl_kind(name) for name in ("kl", "mse", "low_var_kl", "abs", "k3")] == ["k1", "k2", "k3", "abs", "k3"]
+    close(kl_estimate(KL_LOGP, KL_REF, "low_var_kl"), kl_estimate(KL_LOGP, KL_REF, "k3"))
+    with pytest.raises(ValueError, match="low_var_kl=k3"):
+        kl_kind("full")
+
+
+# ---------------------------------------------------------------- GSPO and CISPO
+
+SEQ_MASK = t([[1, 1, 1], [1, 1, 0]])
+
+
+def test_gspo_clips_the_length_normalised_sequence_ratio():
+    old = torch.zeros(2, 3, dtype=torch.float64)
+    # row 0: token log-ratios 0.3, -0.1, 0.1 -> sequence ratio exp(0.1); row 1: 1e-4, 1e-4 (padding 9 ignored)
+    log_probs = t([[0.3, -0.1, 0.1], [1e-4, 1e-4, 9.0]]).requires_grad_()
+    advantages = t([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    loss, metrics = gspo_policy_loss(log_probs, old, advantages, SEQ_MASK, gspo_clip_low=3e-4, gspo_clip_high=4e-4)
+    ratio_1 = math.exp(1e-4)
+    # row 0's ratio 1.105 is far above 1 + 4e-4: clipped (no gradient); row 1's is inside the range
+    close(loss, [[-(1 + 4e-4)] * 3, [-ratio_1, -ratio_1, 0.0]])
+    close(metrics["pg_clipfrac"], [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    (loss * SEQ_MASK).sum().backward()
+    # GSPO-token: each token's gradient is -A * s through its own log-prob
+    close(log_probs.grad, [[0.0, 0.0, 0.0], [-ratio_1, -ratio_1, 0.0]])
+
+
+def test_gspo_on_policy_gradient_is_the_sequence_mean_of_the_token_gradients():
+    # ratio 1 everywhere (on-policy): every token's gradient is -A, the same as PPO's; GSPO differs by the clip
+    log_probs = t([[-1.0, -2.0, -0.5], [-0.3, -0.7, 0.0]]).requires_grad_()
+    advantages = t([[2.0, 2.0, 2.0], [-1.0, -1.0, 0.0]])
+    loss, _ = gspo_policy_loss(log_probs, log_probs.detach(), advantages, SEQ_MASK)
+    loss.sum().backward()
+    close(log_probs.grad, [[-2.0, -2.0, -2.0], [1.0, 1.0, 0.0]])
+
+
+def test_cispo_clips_the_weight_under_a_stop_gradient_and_keeps_every_tokens_gradient():
+    old = torch.zeros(2, 3, dtype=torch.float64)
+    log_probs = t([[math.log(8.0), math.log(0.5), 0.0], [math.log(2.0), 0.0, 0.0]]).requires_grad_()
+    advantages = t([[1.0, 1.0, -1.0], [-2.0, 1.0, 0.0]])
+    loss, metrics = cispo_policy_loss(log_probs, old, advantages, SEQ_MASK, cispo_clip_low=1.0, cispo_clip_high=4.0)
+    # weights clip(r, 0, 5): 8 -> 5 (clipped), 0.5, 1 | 2, 1; loss = -w * A * log p
+    close(loss, [[-5 * math.log(8.0), -0.5 * math.log(0.5), 0.0], [4 * math.log(2.0), 0.0, 0.0]])
+    close(metrics["pg_clipfrac"], [[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    loss.sum().backward()
+    # the clipped token still has a gradient (-w * A), unlike PPO's clip
+    close(log_probs.grad, [[-5.0, -0.5, 1.0], [4.0, -1.0, 0.0]])
+
+
+# ---------------------------------------------------------------- rollout correction
+
+TRAIN_LP = t([[-1.0, -1.0, -1.0], [-2.0, -0.5, 0.0]])
+ROLLOUT_LP = t([[-1.0, -2.0, -0.2], [-2.0, -0.5, -9.0]])  # row 1's last token is padding
+# token ratios pi_train / pi_rollout: row 0: 1, e, exp(-0.8); row 1: 1, 1; sequence ratios exp(0.2), 1
+
+
+def test_token_tis_caps_each_tokens_weight():
+    weights, metrics = rollout_correction(TRAIN_LP, ROLLOUT_LP, SEQ_MASK, is_level="token", is_cap=2.0)
+    close(weights, [[1.0, 2.0, math.exp(-0.8)], [1.0, 1.0, 0.0]])
+    close(metrics["is_capped"], [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    close(metrics["mismatch"], [[0.0, 1.0, 0.8], [0.0, 0.0, 0.0]])
+
+
+def test_sequence_tis_weights_every_token_by_the_sequences_ratio():
+    weights, _ = rollout_correction(TRAIN_LP, ROLLOUT_LP, SEQ_MASK, is_level="sequence", is_cap=2.0)
+    close(weights, [[math.exp(0.2)] * 3, [1.0, 1.0, 0.0]])
+
+
+def test_masked_is_drops_the_tokens_and_sequences_outside_the_band():
+    weights, metrics = rollout_correction(TRAIN_LP, ROLLOUT_LP, SEQ_MASK, mask_level="token", mask_low=0.5,
+                                          mask_high=2.0)
+    close(weights, [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])  # e > 2 and exp(-0.8) < 0.5 leave the band
+    close(metrics["is_masked"], [[0.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    weights, _ = rollout_correction(TRAIN_LP, ROLLOUT_LP, SEQ_MASK, mask_level="sequence", mask_low=0.9,
+                                    mask_high=1.1)
+    close(weights, [[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]])  # row 0's sequence ratio exp(0.2) = 1.22 leaves it
+
+
+def test_no_correction_weighs_every_valid_token_one_and_still_measures_the_mismatch():
+    weights, metrics = rollout_correction(TRAIN_LP, ROLLOUT_LP, SEQ_MASK)
+    close(weights, SEQ_MASK)
+    assert float(metrics["mismatch"].max()) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="is_level must be one of"):
+        rollout_correction(TRAIN_LP, ROLLOUT_LP, SEQ_MASK, is_level="geometric")

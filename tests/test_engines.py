@@ -86,6 +86,20 @@ def test_checkpoint_resumes_the_same_run(ray_cluster, model_dir, tmp_path, backe
     resumed.shutdown()
 
 
+@pytest.mark.parametrize("stage", [2, 3])  # ZeRO-1 steps with ZeRO-2's optimizer
+def test_deepspeed_stops_a_step_whose_gradient_norm_is_not_finite_before_the_weights(ray_cluster, model_dir, stage):
+    group = WorkerGroup(Role(EngineProbe, model_dir, "deepspeed", zero_stage=stage), ResourcePool(2),
+                        name=f"nan-grad-{stage}")
+    before = group.weights()[0]
+    failed = group.train_with_nan_gradient(sequences(), rank=1).meta  # finite loss, NaN gradient on rank 1 only
+    assert "grad_norm is inf" in failed["error"] and "the step was not applied" in failed["error"]
+    after = group.weights()[0]
+    assert all(torch.equal(after[name], value) for name, value in before.items())
+    group.train(sequences(), steps=1)  # DeepSpeed dropped the step cleanly: the next one applies
+    assert not all(torch.equal(group.weights()[0][name], value) for name, value in before.items())
+    group.shutdown()
+
+
 def test_schedule_warms_up_then_decays():
     param = torch.nn.Parameter(torch.zeros(1))
     config = OptimConfig(lr=1.0, warmup_steps=2, schedule="cosine", total_steps=6, min_lr_ratio=0.1)

@@ -28,7 +28,7 @@ def local_overrides(model_dir, run_dir, *extra):
 
 
 def test_stages_cell_by_cell(model_dir, tmp_path):
-    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "algorithm.kl_coef=0.1"))
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "algorithm.kl_loss_coef=0.1"))
     prompts = lab.next_prompts()
     assert len(prompts) == 4 and prompts["uid"].tolist() == [0, 1, 2, 3]
     batch = lab.generate(prompts)
@@ -59,7 +59,7 @@ def test_stages_cell_by_cell(model_dir, tmp_path):
 @pytest.mark.parametrize(("minibatch", "needs_pass"), [(16, False), (8, True)])
 def test_old_log_prob_pass_runs_only_when_a_batch_gets_several_optimizer_steps(model_dir, tmp_path, minibatch,
                                                                                 needs_pass):
-    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "algorithm.kl_coef=0.1",
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "algorithm.kl_loss_coef=0.1",
                                                           f"batch.update_minibatch_sequences={minibatch}"))
     metrics = lab.step()
     assert lab.needs_old_log_probs is needs_pass and ("timing_s/old_log_prob" in metrics) is needs_pass
@@ -134,7 +134,8 @@ def test_evaluate_reports_accuracy(model_dir, tmp_path):
 BAD = [
     (["algorithm.name=a2c"], "algorithm.name", "'a2c' is not one of"),
     (["algorithm.loss_agg=token-sum"], "algorithm.loss_agg", "unknown loss aggregation mode"),
-    (["algorithm.kl_kind=k4"], "algorithm.kl_kind", "k4"),
+    (["algorithm.kl_loss_kind=k4"], "algorithm.kl_loss_kind", "k4"),
+    (["algorithm.kl_coef=0.1"], "algorithm.kl_coef", "was split in two: set algorithm.kl_loss_coef"),
     (["algorithm.name=safe_rlhf"], "task.cost", "needs a cost signal"),
     (["task.name=chess"], "task.name", "unknown task 'chess'"),
     (["task.name=gsm8k"], "task.dataset_path", "needs a .jsonl or .parquet file"),

@@ -156,7 +156,7 @@ def test_ranking_check_ignores_settings_measured_within_noise():
 
 def test_the_labs_reference_follows_the_actors_tensor_parallel_sizes(tmp_path):
     model = create_model_dir(tmp_path / "m", "small", "qwen2", seed=0)
-    config = resolve_config("arithmetic_grpo", [f"actor.model_path={model}", "algorithm.kl_coef=0.04",
+    config = resolve_config("arithmetic_grpo", [f"actor.model_path={model}", "algorithm.kl_loss_coef=0.04",
                                                 "batch.micro_batch_sequences_per_rank=16"])
     mapper = lab_mapper(config, 4, PROFILES["cpu"])
     for devices in (1, 2, 4):

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from hybridflow_lab import DataBatch
 from hybridflow_lab.engines import SamplingParams
-from hybridflow_lab.engines.forward import response_log_probs
+from hybridflow_lab.engines.forward import response_log_probs, response_logits
 from hybridflow_lab.engines.torch_rollout import TorchRollout, generate
 from hybridflow_lab.models import char_tokenizer, create_model_dir, load_causal_lm
 
@@ -89,3 +89,17 @@ def test_bad_sampling_parameters_are_named():
         SamplingParams(top_p=0)
     with pytest.raises(ValueError, match=r"temperature must be > 0"):
         SamplingParams(temperature=0)
+
+
+def test_rollout_log_probs_are_those_of_the_truncated_distribution_tokens_were_drawn_from(model):
+    params = SamplingParams(max_new_tokens=8, top_k=3, seed=5, ignore_eos=True)
+    batch = DataBatch(TorchRollout(model, params, TOKENIZER.eos_token_id, TOKENIZER.pad_token_id).generate(*encode()))
+    with torch.no_grad():
+        logits = response_logits(model, batch).float()
+    top3 = logits.masked_fill(logits < logits.topk(3, dim=-1).values[..., -1:], float("-inf"))
+    truncated = top3.log_softmax(-1).gather(-1, batch["responses"][..., None]).squeeze(-1)
+    torch.testing.assert_close(batch["rollout_log_probs"], truncated, rtol=1e-5, atol=1e-5)
+    full, _ = response_log_probs(model, batch)
+    assert (batch["rollout_log_probs"] > full).all()  # the renormalised top 3 give every drawn token more mass
+    greedy_like = SamplingParams(max_new_tokens=8, top_k=1, seed=5, ignore_eos=True)
+    assert (run(model, greedy_like)["log_probs"] == 0).all()  # a single candidate is drawn with probability 1

@@ -215,7 +215,7 @@ def test_lab_reconfigure_checks_the_task_under_the_new_settings_and_keeps_an_unc
 
 
 def test_the_board_shows_trained_roles_and_moves_the_reference_with_the_actor(model_dir, tmp_path):
-    lab = Lab(ppo_config(model_dir, "algorithm.kl_coef=0.05", f"trainer.run_dir={tmp_path}"), start=False)
+    lab = Lab(ppo_config(model_dir, "algorithm.kl_reward_coef=0.05", f"trainer.run_dir={tmp_path}"), start=False)
     board = lab.placement_board(devices=4)
     assert board.plan.assignment["reference"] == "main"
     actor_row = board.controls.children[0]

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hybridflow_lab import DataBatch
-from hybridflow_lab.config import BatchConfig, EngineConfig, LabConfig, RoleConfig, RolloutConfig
-from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup
+from hybridflow_lab.config import AlgorithmConfig, BatchConfig, EngineConfig, LabConfig, RoleConfig, RolloutConfig
+from hybridflow_lab.controller import ResourcePool, Role, WorkerCallError, WorkerGroup
 from hybridflow_lab.engines import OptimConfig
 from hybridflow_lab.models import char_tokenizer, create_model_dir, load_causal_lm, save_model_dir
 from hybridflow_lab.models.heads import last_token_scores, load_scalar_model
@@ -23,10 +23,12 @@ def model_dir(tmp_path_factory):
 
 
 def lab_config(model_dir: str, backend: str = "ray", engine: str = "deepspeed", stage: int = 2, ranks: int = 2,
-               lr: float = 5e-3) -> LabConfig:
+               lr: float = 5e-3, kl_loss_coef: float = 0.1, loss_agg: str = "auto") -> LabConfig:
+    """Roles on ``model_dir``; with a KL term by default, so that the actor holds a reference policy."""
     role = RoleConfig(model_path=model_dir, ranks=ranks, engine=EngineConfig(backend=engine, zero_stage=stage),
                       optim=OptimConfig(lr=lr, grad_clip=10.0))
     return LabConfig(backend=backend, actor=role, critic=role,
+                     algorithm=AlgorithmConfig(kl_loss_coef=kl_loss_coef, loss_agg=loss_agg),
                      rollout=RolloutConfig(max_prompt_tokens=8, max_new_tokens=6),
                      batch=BatchConfig(rollout_batch_prompts=4, samples_per_prompt=2, update_minibatch_sequences=8,
                                        micro_batch_sequences_per_rank=2))
@@ -95,6 +97,30 @@ def test_one_step_update_without_old_log_probs_matches_the_recomputed_ones(model
                                with_pass.compute_log_prob(rollout)["old_log_probs"], rtol=1e-5, atol=1e-5)
     with_pass.shutdown()
     without.shutdown()
+
+
+def test_the_actor_builds_no_reference_policy_without_a_kl_term(model_dir):
+    actor = actor_group(lab_config(model_dir, "local", "torch", ranks=1, kl_loss_coef=0.0), backend="local")
+    with pytest.raises(WorkerCallError, match=r"holds no reference policy.*kl_loss_coef or algorithm\.kl_reward_coef"):
+        actor.compute_ref_log_prob(actor.generate_sequences(prompts()))
+    actor.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                  "seq-mean-token-sum-norm"])
+def test_clip_fraction_and_entropy_are_token_means_whatever_the_loss_aggregation(model_dir, mode):
+    actor = actor_group(lab_config(model_dir, "local", "torch", ranks=1, loss_agg=mode), backend="local")
+    rollout = actor.generate_sequences(prompts(), seed=1)
+    current = actor.compute_log_prob(rollout)
+    # old log-probs one nat below the current ones: every ratio is e > 1 + clip_high, every token is clipped
+    batch = rollout.union(DataBatch({"old_log_probs": current["old_log_probs"] - 1.0,
+                                     "advantages": rollout["response_mask"].float()}))
+    metrics = actor.update_actor(batch).meta["metrics"]
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(1.0)
+    assert metrics["actor/ppo_kl"] == pytest.approx(-1.0)
+    mask = rollout["response_mask"].bool()
+    assert metrics["actor/entropy"] == pytest.approx(float(current["entropy"][mask].mean()), rel=1e-4)
+    actor.shutdown()
 
 
 def test_actor_checkpoint_restores_the_policy(model_dir, tmp_path):

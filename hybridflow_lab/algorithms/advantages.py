@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .grouping import group_mean, group_reduce, group_sizes
+from .grouping import group_centered, group_reduce, group_sizes
 from .masked import broadcast_to_tokens, masked_whiten
 
 
@@ -43,25 +43,25 @@ def grpo(
 ) -> torch.Tensor:
     """Group-relative advantage: (score - group mean) / (group std + eps); Dr.GRPO when ``norm_by_std`` is False."""
     sizes = group_sizes(group_ids, scores.dtype)
-    centered = scores - group_mean(scores, group_ids)
-    singleton = sizes < 2
+    centered = group_centered(scores, group_ids)  # exactly 0 for a group of equal scores (singletons included)
     if norm_by_std:
         var = group_reduce(centered**2, group_ids) / (sizes - 1).clamp(min=1)
         centered = centered / (var.sqrt() + eps)
-    return broadcast_to_tokens(torch.where(singleton, torch.zeros_like(centered), centered), mask)
+    return broadcast_to_tokens(centered, mask)
 
 
 def rloo(scores: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """REINFORCE leave-one-out: score minus the mean of the other samples of its group (0 for singletons)."""
+    """REINFORCE leave-one-out: score minus the mean of the other samples of its group (0 for singletons and
+    groups of equal scores)."""
     sizes = group_sizes(group_ids, scores.dtype)
-    others_mean = (group_reduce(scores, group_ids) - scores) / (sizes - 1).clamp(min=1)
-    advantage = torch.where(sizes < 2, torch.zeros_like(scores), scores - others_mean)
+    # score - mean(others) = (score - mean(group)) * n / (n - 1)
+    advantage = group_centered(scores, group_ids) * sizes / (sizes - 1).clamp(min=1)
     return broadcast_to_tokens(advantage, mask)
 
 
 def remax(scores: torch.Tensor, baseline_scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """ReMax: score minus the score of the greedy rollout of the same prompt."""
-    return broadcast_to_tokens(scores - baseline_scores, mask)
+    """ReMax: score minus the score of the greedy rollout of the same prompt (in ``scores``' dtype)."""
+    return broadcast_to_tokens(scores - torch.as_tensor(baseline_scores, dtype=scores.dtype), mask)
 
 
 def reinforce_plus_plus(
@@ -75,4 +75,4 @@ def reinforce_plus_plus(
 
 def reinforce_plus_plus_baseline(scores: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """REINFORCE++ with a group-mean baseline: (score - group mean) on every token, whitened over the batch."""
-    return masked_whiten(broadcast_to_tokens(scores - group_mean(scores, group_ids), mask), mask)
+    return masked_whiten(broadcast_to_tokens(group_centered(scores, group_ids), mask), mask)

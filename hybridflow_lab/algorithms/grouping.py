@@ -21,3 +21,14 @@ def group_sizes(group_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> 
 def group_mean(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """Mean of ``values`` over each row's group, ``[B]``."""
     return group_reduce(values, group_ids) / group_sizes(group_ids, values.dtype)
+
+
+def group_centered(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """``values`` minus their group's mean, exactly 0 in a group whose values are all equal.
+
+    A computed mean of equal values need not equal them (64 rewards of 3.1 average to 3.1 plus rounding), and
+    dividing that residue by a near-zero std would turn a group without signal into a large advantage.
+    """
+    constant = group_reduce(values, group_ids, "amax") == group_reduce(values, group_ids, "amin")
+    centered = values - group_mean(values, group_ids)
+    return torch.where(constant, torch.zeros_like(centered), centered)

@@ -5,21 +5,34 @@ from __future__ import annotations
 import torch
 
 KL_KINDS = ("k1", "k2", "k3", "abs")
+KL_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}  # verl's names for the same estimators
+MAX_LOG_RATIO = 20.0  # log-ratios are clamped to +-20 before exp: exp(20) is finite, exp(100) * 0 is NaN
+
+
+def kl_kind(name: str) -> str:
+    """The project's name of a KL estimator given by its own name or verl's (``low_var_kl`` -> ``k3``)."""
+    kind = KL_ALIASES.get(name, name)
+    if kind not in KL_KINDS:
+        raise ValueError(f"unknown KL estimator {name!r}; known: {', '.join(KL_KINDS)} "
+                         f"(or verl's {', '.join(f'{a}={k}' for a, k in KL_ALIASES.items())})")
+    return kind
 
 
 def kl_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str = "k1") -> torch.Tensor:
-    """Per-token estimate of KL(policy || reference) from sampled-token log-probs; ``kind`` in ``KL_KINDS``."""
+    """Per-token estimate of KL(policy || reference) from sampled-token log-probs; ``kind`` in ``KL_KINDS``
+    (or a verl alias)."""
+    kind = kl_kind(kind)
     log_ratio = log_probs - ref_log_probs
     if kind == "k1":
         return log_ratio
     if kind == "k2":
         return 0.5 * log_ratio**2
-    if kind == "k3":
-        # Schulman's unbiased, always non-negative estimator; the clamp guards against exp overflow.
-        return (torch.exp(-log_ratio) + log_ratio - 1).clamp(-10.0, 10.0)
     if kind == "abs":
         return log_ratio.abs()
-    raise ValueError(f"unknown KL estimator {kind!r}; known: {', '.join(KL_KINDS)}")
+    # k3: Schulman's unbiased, always non-negative estimator. Clamping the log-ratio before exp keeps both the
+    # value and its gradient finite (a clamp after exp would still give exp(100) * 0 = NaN in the backward pass).
+    log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return (torch.exp(-log_ratio) + log_ratio - 1).clamp(-10.0, 10.0)
 
 
 def apply_kl_penalty(
@@ -30,7 +43,10 @@ def apply_kl_penalty(
     coef: float,
     kind: str = "k1",
 ) -> tuple[torch.Tensor, float]:
-    """Token rewards = scores - coef * KL on valid tokens; also the batch mean of per-sequence mean KLs."""
+    """Token rewards = scores - coef * KL on valid tokens; also the batch mean of per-sequence mean KLs.
+
+    A negative ``coef`` adds the KL instead (Safe-RLHF's cost side, which the KL makes costlier).
+    """
     valid = mask.bool()
     kl = torch.where(valid, kl_estimate(log_probs, ref_log_probs, kind), torch.zeros_like(log_probs))
     token_rewards = torch.where(valid, token_scores - coef * kl, torch.zeros_like(kl))

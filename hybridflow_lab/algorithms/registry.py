@@ -15,8 +15,10 @@ and 0 at masked positions; estimators without separate returns return the advant
         return advantages, advantages
 
 Policy losses are called as ``loss(log_probs=, old_log_probs=, advantages=, mask=, **config)`` where the config
-keywords are ``clip_low``, ``clip_high`` and ``dual_clip``; they return ``(loss [B, T], metrics)`` like
-``ppo_policy_loss``. Registering an existing name replaces it.
+keywords are always the same superset: ``clip_low``, ``clip_high``, ``dual_clip`` (PPO), ``gspo_clip_low``,
+``gspo_clip_high`` (GSPO), ``cispo_clip_low`` and ``cispo_clip_high`` (CISPO). A loss takes those it needs and
+swallows the rest with ``**_``, and returns ``(loss [B, T], metrics)`` like ``ppo_policy_loss``: metrics are
+per-token tensors, reported as token means. Registering an existing name replaces it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 from torch import Tensor
 
 from .advantages import gae, grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo
-from .losses import ppo_policy_loss
+from .losses import cispo_policy_loss, gspo_policy_loss, ppo_policy_loss
 
 Pair = tuple[Tensor, Tensor]
 Estimator = Callable[..., Pair]
@@ -114,3 +116,5 @@ def _reinforce_plus_plus_baseline(*, scores: Tensor, group_ids: Tensor, mask: Te
 
 
 register_policy_loss("ppo")(ppo_policy_loss)
+register_policy_loss("gspo")(gspo_policy_loss)
+register_policy_loss("cispo")(cispo_policy_loss)

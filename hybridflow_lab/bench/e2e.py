@@ -44,7 +44,7 @@ def standard_lab(tmp: str, ranks: int = 2, engine: str = "deepspeed", backend: s
         "rollout.max_prompt_tokens=16", "rollout.pad_prompts=true", "rollout.max_new_tokens=64",
         "rollout.ignore_eos=true", "batch.rollout_batch_prompts=16", "batch.samples_per_prompt=4",
         "batch.update_minibatch_sequences=64", f"batch.micro_batch_sequences_per_rank={64 // ranks}",
-        "algorithm.kl_coef=0.04", *extra,
+        "algorithm.kl_loss_coef=0.04", *extra,
     ))
 
 

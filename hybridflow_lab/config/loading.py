@@ -34,8 +34,10 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
                           f"instead, e.g. {prefix}{next(iter(fields))}=...")
     hints = typing.get_type_hints(cls)
     unknown = sorted(set(data) - set(fields))
+    renamed = getattr(cls, "RENAMED_KEYS", {})  # keys of earlier versions, each with what replaces it
     if unknown:
-        raise ConfigError(f"{prefix}{unknown[0]}", _unknown_key(unknown[0], sorted(fields), prefix))
+        raise ConfigError(f"{prefix}{unknown[0]}", renamed.get(unknown[0])
+                          or _unknown_key(unknown[0], sorted(fields), prefix))
     values = {name: _field_value(fields[name], hints[name], value, prefix) for name, value in data.items()}
     try:
         return cls(**values)

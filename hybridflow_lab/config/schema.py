@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from hybridflow_lab.algorithms.kl import KL_ALIASES
 from hybridflow_lab.engines.train_base import OptimConfig
 
 
@@ -74,22 +76,40 @@ class BatchConfig:
 class AlgorithmConfig:
     """Which dataflow runs and its knobs (see ``hybridflow_lab.trainer.dataflows``)."""
 
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "kl_coef": "was split in two: set algorithm.kl_loss_coef (the KL to the reference as a loss term, GRPO's "
+                   "way) or algorithm.kl_reward_coef (the KL subtracted from the rewards, PPO's way)",
+        "kl_kind": "was split in two: algorithm.kl_loss_kind (default k3) and algorithm.kl_reward_kind (default k1)",
+        "kl_in_reward": "is gone: the KL enters the rewards when algorithm.kl_reward_coef > 0 and the loss when "
+                        "algorithm.kl_loss_coef > 0 (both may be on); set those instead",
+    }
+
     name: str = "grpo"  # ppo | grpo | dr_grpo | rloo | remax | reinforce_plus_plus | reinforce_plus_plus_baseline
     #                     | safe_rlhf
     gamma: float = 1.0
     lam: float = 1.0
-    kl_coef: float = 0.0  # 0 = no reference model
-    kl_kind: str = "k3"  # k1 | k2 | k3 | abs
-    kl_in_reward: bool = False  # True: subtract from the rewards (PPO style); False: a loss term (GRPO style)
-    kl_target: float = 0.0  # > 0: adaptive KL controller aiming at this KL
+    kl_loss_coef: float = 0.0  # > 0: the KL to the reference as a loss term of the actor update (GRPO's way)
+    kl_loss_kind: str = "k3"  # k1 | k2 | k3 | abs, or verl's kl | mse | low_var_kl
+    kl_reward_coef: float = 0.0  # > 0: the KL subtracted from the rewards before advantages (PPO's way)
+    kl_reward_kind: str = "k1"
+    kl_target: float = 0.0  # > 0: an adaptive controller steers kl_reward_coef towards this KL
     kl_horizon: int = 10000
-    policy_loss: str = "ppo"
+    policy_loss: str = "ppo"  # ppo | gspo | cispo, or a registered one
     clip_low: float = 0.2
     clip_high: float = 0.2  # > clip_low: DAPO's clip-higher
     dual_clip: float = 0.0  # > 1 enables dual clip
-    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean
+    gspo_clip_low: float = 3e-4  # GSPO clips its sequence-level ratio to [1 - low, 1 + high]
+    gspo_clip_high: float = 4e-4
+    cispo_clip_low: float = 1.0  # CISPO clips its importance weights to [1 - low, 1 + high] (ScaleRL: [0, 5])
+    cispo_clip_high: float = 4.0
+    loss_agg: str = "auto"  # auto | token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
     entropy_coef: float = 0.0
     value_clip: float = 0.2
+    rollout_is: str = ""  # token | sequence: truncated importance sampling against the rollout engine's log-probs
+    rollout_is_cap: float = 2.0
+    rollout_mask: str = ""  # token | sequence: masked importance sampling, tokens (sequences) outside the band drop
+    rollout_mask_low: float = 0.5
+    rollout_mask_high: float = 2.0
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, draw more
     max_sampling_rounds: int = 4
     overlong_buffer: int = 0  # DAPO overlong shaping: > 0 penalises the last tokens before max_new_tokens
@@ -97,6 +117,25 @@ class AlgorithmConfig:
     cost_limit: float = 0.0  # Safe-RLHF: the expected cost to stay under
     lagrange_init: float = 1.0
     lagrange_lr: float = 0.1
+
+    def __post_init__(self) -> None:
+        self.kl_loss_kind = KL_ALIASES.get(self.kl_loss_kind, self.kl_loss_kind)
+        self.kl_reward_kind = KL_ALIASES.get(self.kl_reward_kind, self.kl_reward_kind)
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether a KL term (in the loss or in the rewards) needs the frozen reference policy."""
+        return self.kl_loss_coef > 0 or self.kl_reward_coef > 0
+
+    @property
+    def aggregation(self) -> str:
+        """``loss_agg``; with ``auto``, the aggregation the algorithm's paper prescribes: Dr. GRPO's constant
+        normaliser, GSPO's per-sequence mean, otherwise the token mean."""
+        if self.loss_agg != "auto":
+            return self.loss_agg
+        if self.policy_loss == "gspo":
+            return "seq-mean-token-mean"
+        return "seq-mean-token-sum-norm" if self.name == "dr_grpo" else "token-mean"
 
 
 @dataclass

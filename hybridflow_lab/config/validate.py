@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from transformers import PretrainedConfig
 
+from hybridflow_lab.algorithms.rollout_correction import LEVELS as ROLLOUT_CORRECTION_LEVELS
 from hybridflow_lab.config.loading import ConfigError
 from hybridflow_lab.config.schema import LabConfig, RoleConfig
 from hybridflow_lab.engines import TRAIN_BACKENDS
@@ -67,8 +68,24 @@ BOUNDS = (
           "clip off"),
     Bound("algorithm.gamma", "in [0, 1]", _probability, "use 1.0 (no discount)"),
     Bound("algorithm.lam", "in [0, 1]", _probability, "use 1.0, or e.g. 0.95 for GAE"),
-    Bound("algorithm.kl_coef", ">= 0", _at_least(0), "use 0 for no KL term and no reference model"),
+    Bound("algorithm.kl_loss_coef", ">= 0", _at_least(0), "use 0 for no KL loss term (e.g. 0.001 for one)"),
+    Bound("algorithm.kl_reward_coef", ">= 0", _at_least(0), "use 0 for no KL penalty in the rewards (e.g. 0.05 "
+          "for one)"),
     Bound("algorithm.kl_target", ">= 0", _at_least(0), "use 0 for a fixed KL coefficient"),
+    Bound("algorithm.gspo_clip_low", "in (0, 1)", lambda v: 0 < v < 1, "GSPO's sequence ratio is clipped to "
+          "[1 - low, 1 + high]; use the paper's 3e-4"),
+    Bound("algorithm.gspo_clip_high", "> 0", _positive, "use the paper's 4e-4"),
+    Bound("algorithm.cispo_clip_low", "in [0, 1]", _probability, "CISPO's weights are clipped to [1 - low, "
+          "1 + high]; use 1.0 for no lower bound"),
+    Bound("algorithm.cispo_clip_high", "> 0", _positive, "use 4.0 (weights capped at 5, ScaleRL's choice)"),
+    *(Bound(f"algorithm.{key}", "'', 'token' or 'sequence'", lambda v: v in ROLLOUT_CORRECTION_LEVELS, fix)
+      for key, fix in (("rollout_is", "'' turns truncated importance sampling off; 'token' (TIS) weights each "
+                                      "token by min(pi_train / pi_rollout, rollout_is_cap)"),
+                       ("rollout_mask", "'' turns masked importance sampling off; 'token' drops the tokens whose "
+                                        "pi_train / pi_rollout leaves [rollout_mask_low, rollout_mask_high]"))),
+    Bound("algorithm.rollout_is_cap", ">= 1", _at_least(1), "use e.g. 2.0 (weights above it are capped)"),
+    Bound("algorithm.rollout_mask_low", "in (0, 1]", _fraction, "use e.g. 0.5"),
+    Bound("algorithm.rollout_mask_high", ">= 1", _at_least(1), "use e.g. 2.0"),
     Bound("algorithm.kl_horizon", ">= 1", _at_least(1), "use e.g. 10000"),
     Bound("algorithm.max_sampling_rounds", ">= 1", _at_least(1), "use e.g. 4 (rounds of prompts dynamic sampling "
           "may draw per step)"),

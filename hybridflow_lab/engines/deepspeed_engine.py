@@ -7,7 +7,9 @@ to compile. Gradients are averaged over the whole world (DeepSpeed's data-parall
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -24,6 +26,8 @@ CHECKPOINT_TAG = "checkpoint"
 def import_deepspeed() -> ModuleType:
     """Import DeepSpeed for this machine (CPU accelerator when there is no GPU)."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    # DeepSpeed's ZeRO all-gathers call the name torch 2.13 deprecated; every rank would print it once
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor` is deprecated", category=FutureWarning)
     import deepspeed
     import deepspeed.ops
 
@@ -43,7 +47,7 @@ def deepspeed_config(optim: OptimConfig, zero_stage: int, micro_batch_size: int,
         "gradient_accumulation_steps": micro_batches_per_step,
         "gradient_clipping": optim.grad_clip,
         "zero_optimization": zero,
-        "bf16": {"enabled": bf16},
+        "bf16": {"enabled": bf16, "check_grad_overflow": True},  # a NaN/inf gradient norm drops the step
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,  # keep the torch AdamW when offloading
         "steps_per_print": 2**31,
@@ -98,12 +102,15 @@ class DeepSpeedEngine(TrainEngine):
             self.engine.step()  # only counts the micro-step; the real step is _optimizer_step
 
     def _clip_gradients(self) -> None:
-        return None  # DeepSpeed clips inside its step
+        return None  # DeepSpeed takes the norm and clips inside its step
 
     def _optimizer_step(self, clipped_norm: float | None) -> float:
+        """DeepSpeed's step; every ZeRO optimizer checks the gradient norm before it updates anything and drops
+        the step (gradients cleared, schedule not advanced) when the norm is NaN or infinite."""
         self.engine.step()
-        norm = self.engine.get_global_grad_norm()
-        return float(norm) if norm is not None else float("nan")
+        if not self.engine.was_step_applied():
+            return math.inf
+        return float(self.engine.get_global_grad_norm())
 
     def _discard_gradients(self) -> None:
         """Nothing to do: DeepSpeed counts micro-steps inside ``engine.step()``, so leaving out a boundary step

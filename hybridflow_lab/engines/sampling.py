@@ -44,10 +44,15 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     return -(log_p.exp() * log_p).sum(-1)
 
 
-def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row from ``[batch, vocab]`` logits (temperature, then top-k, then top-p)."""
+def sample_next(logits: torch.Tensor, params: SamplingParams,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row from ``[batch, vocab]`` logits (temperature, then top-k, then top-p), and its log-prob
+    under the distribution it was drawn from: softmax(logits / temperature) renormalised over the tokens top-k
+    and top-p keep (the behaviour policy an importance weight needs). Greedy decoding reports
+    softmax(logits / temperature)."""
     if params.greedy:
-        return logits.argmax(-1)
+        tokens = logits.argmax(-1)
+        return tokens, log_probs_from_logits(logits, tokens, params.temperature)
     scores = logits.float() / params.temperature
     if params.top_k and params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
@@ -57,4 +62,5 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
         cumulative = sorted_scores.softmax(-1).cumsum(-1)
         drop_sorted = cumulative - sorted_scores.softmax(-1) >= params.top_p  # keep the token that crosses top_p
         scores = scores.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
-    return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(-1)
+    tokens = torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(-1)
+    return tokens, scores.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)

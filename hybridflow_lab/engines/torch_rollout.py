@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow_lab.engines.sampling import SamplingParams, log_probs_from_logits, sample_next
+from hybridflow_lab.engines.sampling import SamplingParams, sample_next
 from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.models.kv_cache import KVCache
 
@@ -26,8 +26,8 @@ def generate(
     """Sample ``params.n`` responses per left-padded prompt.
 
     Returns ``responses`` and ``response_mask`` (``[batch * n, max_new_tokens]``, 1 up to and
-    including the stop token), ``log_probs`` of the sampled tokens under softmax(logits /
-    temperature), and ``prompt_ids`` / ``prompt_mask`` repeated to match.
+    including the stop token), ``log_probs`` of the sampled tokens under the distribution they
+    were drawn from (``sample_next``), and ``prompt_ids`` / ``prompt_mask`` repeated to match.
     """
     if params.n > 1:
         prompt_ids = prompt_ids.repeat_interleave(params.n, dim=0)
@@ -47,9 +47,9 @@ def generate(
 
     logits = model(prompt_ids, prompt_mask, cache=cache, keep_last=1)[:, 0]
     for step in range(params.max_new_tokens):
-        tokens = sample_next(logits, params, generator)
+        tokens, token_log_probs = sample_next(logits, params, generator)
         responses[live, step] = tokens
-        log_probs[live, step] = log_probs_from_logits(logits, tokens, params.temperature)
+        log_probs[live, step] = token_log_probs
         done = torch.isin(tokens, stops)
         if bool(done.any()):
             lengths[live[done]] = step + 1

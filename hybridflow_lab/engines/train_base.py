@@ -8,7 +8,9 @@ exactly the global mean whatever the split: the same as one process on the whole
 
 Before the optimizer steps, a loss, metric or gradient norm that is NaN or infinite stops the
 update with ``NonFiniteUpdate`` (or, with ``skip_nonfinite``, drops the step's gradients and
-reports ``nonfinite_skipped``): the weights and optimizer state are never touched by it.
+reports ``nonfinite_skipped``): the weights and optimizer state are never touched by it. A
+backend that computes the norm inside its own step (DeepSpeed) checks it there and drops the
+step itself; the engine then reports it the same way.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -28,8 +30,15 @@ from torch import nn
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, clip_grad_norm
 from hybridflow_lab.protocol import DataBatch
 
-# loss_fn(module, micro_batch) -> (loss summed over units, metrics summed over units)
-LossFn = Callable[[nn.Module, DataBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+class Peak(NamedTuple):
+    """A metric a loss function reports as its largest value over micro-batches and ranks, not as a mean."""
+
+    value: torch.Tensor
+
+
+# loss_fn(module, micro_batch) -> (loss summed over units, metrics summed over units, or Peaks)
+LossFn = Callable[[nn.Module, DataBatch], tuple[torch.Tensor, dict[str, torch.Tensor | Peak]]]
 CountFn = Callable[[DataBatch], float]
 
 
@@ -101,7 +110,8 @@ class TrainEngine(ABC):
 
     @abstractmethod
     def _optimizer_step(self, clipped_norm: float | None) -> float:
-        """Step the optimizer and the schedule, zero the gradients; returns the gradient norm."""
+        """Step the optimizer and the schedule, zero the gradients; returns the gradient norm. A backend that
+        checks the norm inside its step returns a non-finite norm when it dropped the step instead."""
 
     @abstractmethod
     def _discard_gradients(self) -> None:
@@ -141,46 +151,61 @@ class TrainEngine(ABC):
 
     def train_step(self, micro_batches: Sequence[DataBatch], loss_fn: LossFn, count_fn: CountFn,
                    skip_nonfinite: bool = False) -> dict[str, float]:
-        """One optimizer step; returns the global mean loss and metrics, the gradient norm, the lr and
-        ``nonfinite_skipped`` (1 when the step was dropped for NaN/inf; see the module docstring)."""
+        """One optimizer step; returns the global mean loss and metrics (``Peak`` metrics as their maximum), the
+        gradient norm, the lr and ``nonfinite_skipped`` (1 when the step was dropped for NaN/inf; see the module
+        docstring)."""
         if not micro_batches:
             raise ValueError("train_step needs at least one micro-batch")
         self._check_micro_batches(len(micro_batches))
         self.module.train()
-        local = torch.tensor([float(sum(count_fn(mb) for mb in micro_batches))], dtype=torch.float64)
-        total = self._sum(local).item()
+        local = torch.tensor(float(sum(count_fn(mb) for mb in micro_batches)), dtype=torch.float64)
+        total = float(self._reduce({"units": local}, dist.ReduceOp.SUM)["units"])
         if total <= 0:
             raise ValueError("train_step: the micro-batches hold no units to average over (empty masks?)")
         scale = self.dp_size / total
         sums: dict[str, torch.Tensor] = {}
+        peaks: dict[str, torch.Tensor] = {}
         for index, mb in enumerate(micro_batches):
             with self._accumulating(last=index == len(micro_batches) - 1):
                 loss, metrics = loss_fn(self.module, mb)
                 self._backward(loss * scale)
             for key, value in {"loss": loss, **metrics}.items():
-                sums[key] = sums.get(key, 0.0) + value.detach().double()
+                if isinstance(value, Peak):
+                    peaks[key] = torch.maximum(peaks.get(key, value.value), value.value).detach().double()
+                else:
+                    sums[key] = sums.get(key, 0.0) + value.detach().double()
         lr = self.current_lr()
-        keys = sorted(sums)
-        totals = self._sum(torch.stack([torch.as_tensor(sums[k]).reshape(()) for k in keys]))
-        result = {k: float(v) / total for k, v in zip(keys, totals, strict=True)}
+        result = {k: float(v) / total for k, v in self._reduce(sums, dist.ReduceOp.SUM).items()}
+        result.update({k: float(v) for k, v in self._reduce(peaks, dist.ReduceOp.MAX).items()})
         norm = self._clip_gradients()
         bad = {k: v for k, v in {**result, "grad_norm": norm}.items() if v is not None and not math.isfinite(v)}
         if bad:
             self._discard_gradients()
-            if not skip_nonfinite:
-                named = ", ".join(f"{k} is {v}" for k, v in bad.items())
-                raise NonFiniteUpdate(f"{named} in optimizer step {self.global_step + 1}; the step was not applied "
-                                      "(trainer.on_nonfinite=skip drops such steps and carries on)")
-            return {**result, "grad_norm": math.nan if norm is None else norm, "lr": lr, "nonfinite_skipped": 1.0}
+            return self._not_applied(bad, result, norm, lr, skip_nonfinite)
         grad_norm = self._optimizer_step(norm)
+        if not math.isfinite(grad_norm):  # the backend checked the norm inside its step and dropped the step
+            return self._not_applied({"grad_norm": grad_norm}, result, grad_norm, lr, skip_nonfinite)
         self.global_step += 1
         return {**result, "grad_norm": grad_norm, "lr": lr, "nonfinite_skipped": 0.0}
 
-    def _sum(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _not_applied(self, bad: dict[str, float], result: dict[str, float], norm: float | None, lr: float,
+                     skip_nonfinite: bool) -> dict[str, float]:
+        """A step dropped for the non-finite values ``bad``: ``NonFiniteUpdate``, or its metrics when skipping."""
+        if not skip_nonfinite:
+            named = ", ".join(f"{k} is {v}" for k, v in bad.items())
+            raise NonFiniteUpdate(f"{named} in optimizer step {self.global_step + 1}; the step was not applied "
+                                  "(trainer.on_nonfinite=skip drops such steps and carries on)")
+        return {**result, "grad_norm": math.nan if norm is None else norm, "lr": lr, "nonfinite_skipped": 1.0}
+
+    def _reduce(self, values: dict[str, torch.Tensor], op: dist.ReduceOp) -> dict[str, torch.Tensor]:
+        """Each value reduced with ``op`` over the data-parallel ranks (one collective for all of them)."""
+        if not values:
+            return {}
+        keys = sorted(values)
+        stacked = torch.stack([torch.as_tensor(values[k]).reshape(()) for k in keys])
         if self.dp_size > 1:
-            tensor = tensor.clone()
-            dist.all_reduce(tensor, group=self.group)
-        return tensor
+            dist.all_reduce(stacked, op=op, group=self.group)
+        return dict(zip(keys, stacked, strict=True))
 
 
 class TorchOptimizerEngine(TrainEngine):

@@ -67,7 +67,7 @@ class Placement:
         """The placement a config describes: trained roles on their pools, the reference/reward on the actor's."""
         roles = trained_roles(config)
         assignment = {role: getattr(config, role).pool for role in roles}
-        inside = (["reference"] if config.algorithm.kl_coef > 0 else []) + (["reward"] if config.reward_model_path
+        inside = (["reference"] if config.algorithm.uses_reference else []) + (["reward"] if config.reward_model_path
                                                                             else [])
         assignment.update(dict.fromkeys(inside, config.actor.pool))
         actor = ModelSizes(t=config.actor.engine.tensor_parallel, tg=config.rollout.tensor_parallel)

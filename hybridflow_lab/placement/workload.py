@@ -125,7 +125,7 @@ def workload_from_config(config: LabConfig) -> Workload:
 
     actor = ModelSpec.from_hf(load_config(config.actor.model_path), "actor")
     models = {"actor": actor}
-    if config.algorithm.kl_coef > 0:
+    if config.algorithm.uses_reference:
         models["reference"] = actor
     if uses_critic(config):
         critic_path = config.critic.model_path

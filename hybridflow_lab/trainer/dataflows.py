@@ -46,8 +46,7 @@ def remax(lab: Lab) -> DataBatch:
     prompts = lab.next_prompts()
     batch = lab.reward(lab.generate(prompts))
     greedy = lab.reward(lab.generate(prompts, greedy=True, n=1))
-    baseline = dict(zip(greedy["uid"].tolist(), greedy["scores"].tolist(), strict=True))
-    batch["baseline_scores"] = [baseline[uid] for uid in batch["uid"].tolist()]
+    batch["baseline_scores"] = per_sample(greedy["scores"], greedy["uid"], batch["uid"])
     batch = log_probs(lab, batch)
     batch = lab.advantages(batch)
     lab.update_actor(batch)
@@ -106,6 +105,12 @@ def informative_batch(draw: Callable[[], DataBatch], config: LabConfig) -> DataB
     return kept[np.isin(kept["uid"], uids)]
 
 
+def per_sample(per_prompt: torch.Tensor, prompt_uids: np.ndarray, sample_uids: np.ndarray) -> torch.Tensor:
+    """Each sample's entry of ``per_prompt`` (one value per prompt uid), in ``per_prompt``'s dtype."""
+    row_of = {uid: row for row, uid in enumerate(prompt_uids.tolist())}
+    return per_prompt[torch.tensor([row_of[uid] for uid in sample_uids.tolist()], dtype=torch.long)]
+
+
 def _informative_rows(batch: DataBatch) -> DataBatch:
     return batch[informative_groups(batch["scores"], _group_ids(batch)).numpy()]
 
@@ -139,7 +144,7 @@ def uses_critic(config: LabConfig) -> bool:
 
 def check_algorithm(config: LabConfig) -> None:
     """Reject algorithm settings that cannot run, before any worker starts."""
-    from hybridflow_lab.algorithms.kl import kl_estimate
+    from hybridflow_lab.algorithms.kl import kl_kind
     from hybridflow_lab.algorithms.losses import aggregate
     from hybridflow_lab.algorithms.registry import get_advantage_estimator, get_policy_loss
 
@@ -148,8 +153,10 @@ def check_algorithm(config: LabConfig) -> None:
         raise ConfigError("algorithm.name", f"{algorithm.name!r} is not one of {sorted(DATAFLOWS)}")
     checks = {
         "algorithm.policy_loss": lambda: get_policy_loss(algorithm.policy_loss),
-        "algorithm.kl_kind": lambda: kl_estimate(torch.zeros(1), torch.zeros(1), algorithm.kl_kind),
-        "algorithm.loss_agg": lambda: aggregate(torch.zeros(1, 1), torch.ones(1, 1), algorithm.loss_agg),
+        "algorithm.kl_loss_kind": lambda: kl_kind(algorithm.kl_loss_kind),
+        "algorithm.kl_reward_kind": lambda: kl_kind(algorithm.kl_reward_kind),
+        "algorithm.loss_agg": lambda: algorithm.loss_agg == "auto" or aggregate(
+            torch.zeros(1, 1), torch.ones(1, 1), algorithm.loss_agg, config.rollout.max_new_tokens),
         "algorithm.name ": lambda: get_advantage_estimator(ESTIMATOR_OF[algorithm.name]),
     }
     for key, check in checks.items():
@@ -157,6 +164,10 @@ def check_algorithm(config: LabConfig) -> None:
             check()
         except (KeyError, ValueError) as exc:
             raise ConfigError(key.strip(), str(exc.args[0] if exc.args else exc)) from None
+    if algorithm.kl_target > 0 and algorithm.kl_reward_coef == 0:
+        raise ConfigError("algorithm.kl_target", "the adaptive controller steers the coefficient of the KL penalty "
+                          "in the rewards, which is off (algorithm.kl_reward_coef=0); set algorithm.kl_reward_coef "
+                          "> 0 (its starting value, e.g. 0.05), or algorithm.kl_target=0")
     if algorithm.name == "safe_rlhf" and not config.task.cost:
         raise ConfigError("task.cost", "safe_rlhf needs a cost signal; set task.cost (e.g. digit_cost)")
     if ESTIMATOR_OF[algorithm.name] in GROUP_ESTIMATORS and config.batch.samples_per_prompt < 2:

@@ -58,11 +58,11 @@ def trained_roles(config: LabConfig) -> tuple[str, ...]:
 
 def needs_old_log_probs(config: LabConfig) -> bool:
     """Whether the update needs ``old_log_probs`` from a separate pass: it does when a batch gets more than
-    one optimizer step (or KL enters the reward); with exactly one, the update's own forward pass gives the
+    one optimizer step (or KL enters the rewards); with exactly one, the update's own forward pass gives the
     same numbers and the pass is skipped."""
-    batch, algorithm = config.batch, config.algorithm
+    batch = config.batch
     one_step = batch.update_epochs == 1 and batch.update_minibatch_sequences >= batch.step_sequences
-    return not one_step or (algorithm.kl_in_reward and algorithm.kl_coef > 0)
+    return not one_step or config.algorithm.kl_reward_coef > 0
 
 
 def place(config: LabConfig, placement: Placement) -> LabConfig:
@@ -159,8 +159,8 @@ class Lab:
     def _reset_run_state(self) -> None:
         """The controller's state at step 0: the step counter, prompt ids, KL and Lagrange controllers."""
         algorithm = self.config.algorithm
-        self.kl = AdaptiveKLController(algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon) \
-            if algorithm.kl_target > 0 else FixedKLController(algorithm.kl_coef)
+        self.kl = AdaptiveKLController(algorithm.kl_reward_coef, algorithm.kl_target, algorithm.kl_horizon) \
+            if algorithm.kl_target > 0 else FixedKLController(algorithm.kl_reward_coef)
         self.lagrange = LagrangeMultiplier(algorithm.lagrange_init, algorithm.lagrange_lr, algorithm.cost_limit)
         self.step_index, self._next_uid = 0, 0
 
@@ -246,7 +246,8 @@ class Lab:
 
     @property
     def uses_reference(self) -> bool:
-        return self.config.algorithm.kl_coef > 0
+        """Whether a KL term (``algorithm.kl_loss_coef`` or ``kl_reward_coef``) needs the reference policy."""
+        return self.config.algorithm.uses_reference
 
     # -------------------------------------------------------------------- stages
     @contextmanager
@@ -337,21 +338,27 @@ class Lab:
     def advantages(self, batch: DataBatch, estimator: str | None = None, scores: str = "scores") -> DataBatch:
         """``advantages`` and ``returns`` with the algorithm's estimator (or ``estimator``) on ``scores``.
 
-        With ``algorithm.kl_in_reward`` the KL to the reference is first subtracted from the token
-        rewards (``token_rewards``) and the KL controller is updated.
+        With ``algorithm.kl_reward_coef`` > 0 the KL to the reference enters the token rewards
+        (``token_rewards``): subtracted from ``scores`` (which updates the KL controller, once per step) and
+        added to ``costs``, Safe-RLHF's mirror image. Every estimator sees those rewards, per token (GAE,
+        REINFORCE++) or summed per sequence (GRPO, RLOO, ReMax, ...: ``score - beta * sum KL``).
         """
         algorithm = self.config.algorithm
         with self._stage(Stage.ADV) as summary:
             mask = batch["response_mask"]
             token_rewards = token_level(batch[scores], mask)
-            if algorithm.kl_in_reward and self.uses_reference:
+            if algorithm.kl_reward_coef > 0:
+                costs = scores == "costs"
                 token_rewards, kl = apply_kl_penalty(token_rewards, batch["old_log_probs"], batch["ref_log_probs"],
-                                                     mask, self.kl.value, algorithm.kl_kind)
-                self._metrics.update({"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": self.kl.value})
-                self.kl.update(kl, len(batch))
+                                                     mask, -self.kl.value if costs else self.kl.value,
+                                                     algorithm.kl_reward_kind)
+                if not costs:
+                    self._metrics.update({"actor/reward_kl_penalty": kl,
+                                          "actor/reward_kl_penalty_coeff": self.kl.value})
+                    self.kl.update(kl, len(batch))
             name = estimator or ESTIMATOR_OF[algorithm.name]
             advantages, returns = get_advantage_estimator(name)(
-                token_rewards=token_rewards, scores=batch[scores], values=batch.get("values"),
+                token_rewards=token_rewards, scores=token_rewards.sum(-1), values=batch.get("values"),
                 group_ids=torch.as_tensor(batch["uid"].astype(np.int64)), mask=mask,
                 baseline_scores=batch.get("baseline_scores"),
                 gamma=algorithm.gamma, lam=algorithm.lam,
@@ -370,12 +377,11 @@ class Lab:
     def update_actor(self, batch: DataBatch) -> dict[str, float]:
         """PPO-style policy updates with the configured loss; returns the actor metrics."""
         algorithm = self.config.algorithm
-        kl_loss = self.uses_reference and not algorithm.kl_in_reward
         with self._stage(Stage.UPDATE_ACTOR) as summary:
-            keys = [k for k in ("old_log_probs", "ref_log_probs") if k in batch]
+            keys = [k for k in ("old_log_probs", "ref_log_probs", "rollout_log_probs") if k in batch]
             result = self.actor.update_actor(batch.select(*TRAINING_COLUMNS, "advantages", *keys),
                                              policy_loss=get_policy_loss(algorithm.policy_loss),
-                                             kl_coef=self.kl.value if kl_loss else 0.0, seed=self._seed())
+                                             kl_coef=algorithm.kl_loss_coef, seed=self._seed())
             metrics = summary.attach_metrics(result.meta["metrics"])
         self._metrics.update(metrics)
         return metrics

@@ -14,6 +14,7 @@ import torch
 from hybridflow_lab.algorithms.kl import kl_estimate
 from hybridflow_lab.algorithms.losses import ppo_policy_loss
 from hybridflow_lab.algorithms.registry import PolicyLoss
+from hybridflow_lab.algorithms.rollout_correction import rollout_correction
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.controller.mesh import Mesh
@@ -27,11 +28,16 @@ from hybridflow_lab.models.decoder import shard_model
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
 from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
-from hybridflow_lab.workers.batching import micro_batches, train_minibatches
+from hybridflow_lab.workers.batching import TokenLoss, micro_batches, train_minibatches
 from hybridflow_lab.workers.trained_role import TrainedRole
 
 if TYPE_CHECKING:
     from hybridflow_lab.engines.vllm_rollout import VllmRollout
+
+
+# the config keys every policy loss is called with (see hybridflow_lab.algorithms.registry)
+POLICY_LOSS_OPTIONS = ("clip_low", "clip_high", "dual_clip", "gspo_clip_low", "gspo_clip_high", "cispo_clip_low",
+                       "cispo_clip_high")
 
 
 def sampling_params(config: LabConfig, **overrides: object) -> SamplingParams:
@@ -61,7 +67,8 @@ class ActorWorker(TrainedRole):
         self.layout = actor_layout(config)
         tp, dp_group = self._training_parallelism()
         self.engine = self.build_engine(config.actor, shard_model(load_causal_lm(path), tp), dp_group, tp)
-        self.reference = shard_model(load_causal_lm(path), tp).eval().requires_grad_(False)
+        self.reference = shard_model(load_causal_lm(path), tp).eval().requires_grad_(False) \
+            if config.algorithm.uses_reference else None  # no stage reads it without a KL term
         self.rollout: TorchRollout | VllmRollout
         params, eos, pad = sampling_params(config), self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         if config.rollout.engine == "vllm":
@@ -139,6 +146,9 @@ class ActorWorker(TrainedRole):
     @register(Dispatch.MESH("train"))
     def compute_ref_log_prob(self, batch: DataBatch) -> DataBatch:
         """Log-probs of the responses under the frozen reference policy (``ref_log_probs``)."""
+        if self.reference is None:
+            raise RuntimeError("this actor holds no reference policy: it is built only for a KL term; set "
+                               "algorithm.kl_loss_coef or algorithm.kl_reward_coef > 0")
         return DataBatch({"ref_log_probs": self._log_probs(self.reference, batch, with_entropy=False)["log_probs"]})
 
     @register(Dispatch.MESH("train"))
@@ -150,9 +160,11 @@ class ActorWorker(TrainedRole):
         is 1), which is exact when the batch gets one optimizer step: the weights that generated
         the batch are the ones being updated. ``policy_loss`` is any registered loss (a function,
         so one defined in a notebook works in the workers); ``kl_coef`` > 0 adds the KL to the
-        reference as a loss term (needs ``ref_log_probs``). One optimizer step per
-        ``update_minibatch_sequences`` (over all ranks), ``update_epochs`` passes, rows shuffled
-        with ``seed``. Returns no rows and the mean metrics in ``meta["metrics"]``.
+        reference as a loss term (``algorithm.kl_loss_kind``; needs ``ref_log_probs``). With
+        ``rollout_log_probs`` the gap between them and the trainer's log-probs is reported every step
+        (``rollout_mismatch``) and, if configured, corrected (``algorithm.rollout_is`` / ``rollout_mask``).
+        One optimizer step per ``update_minibatch_sequences`` (over all ranks), ``update_epochs``
+        passes, rows shuffled with ``seed``. Returns no rows and the metrics in ``meta["metrics"]``.
         """
         needed = ["responses", "response_mask", "advantages", *(["ref_log_probs"] if kl_coef else [])]
         missing = [k for k in needed if k not in batch]
@@ -160,24 +172,32 @@ class ActorWorker(TrainedRole):
             raise KeyError(f"update_actor needs columns {missing}; compute them first (compute_log_prob, "
                            "compute_ref_log_prob, advantages)")
         algorithm, temperature = self.config.algorithm, self.config.rollout.temperature
+        options = {key: getattr(algorithm, key) for key in POLICY_LOSS_OPTIONS}
+        options["dual_clip"] = options["dual_clip"] or None
 
-        def loss(module: torch.nn.Module, micro: DataBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        def loss(module: torch.nn.Module, micro: DataBatch) -> TokenLoss:
             mask = micro["response_mask"]
             log_probs, entropy = response_log_probs(module, micro, temperature, with_entropy=True)
             old_log_probs = micro["old_log_probs"] if "old_log_probs" in micro else log_probs.detach()
-            token_loss, metrics = policy_loss(log_probs, old_log_probs, micro["advantages"], mask,
-                                              clip_low=algorithm.clip_low, clip_high=algorithm.clip_high,
-                                              dual_clip=algorithm.dual_clip or None)
-            metrics = {"pg_loss": token_loss, "entropy": entropy.detach(), **metrics}
+            token_loss, diagnostics = policy_loss(log_probs, old_log_probs, micro["advantages"], mask, **options)
+            out = TokenLoss(token_loss, means={"entropy": entropy.detach(), **diagnostics})
+            if "rollout_log_probs" in micro:
+                weights, correction = rollout_correction(
+                    old_log_probs, micro["rollout_log_probs"], mask, algorithm.rollout_is, algorithm.rollout_is_cap,
+                    algorithm.rollout_mask, algorithm.rollout_mask_low, algorithm.rollout_mask_high)
+                out.loss = out.loss * weights
+                out.means.update({f"rollout_{k}": v for k, v in correction.items()})
+                out.peaks["rollout_mismatch_max"] = correction["mismatch"]
+            out.terms["pg_loss"] = out.loss
             if algorithm.entropy_coef:
-                token_loss = token_loss - algorithm.entropy_coef * entropy
+                out.loss = out.loss - algorithm.entropy_coef * entropy
             if "ref_log_probs" in micro:
-                metrics["kl"] = old_log_probs - micro["ref_log_probs"]
+                out.means["kl"] = old_log_probs - micro["ref_log_probs"]
             if kl_coef:
-                kl = kl_estimate(log_probs, micro["ref_log_probs"], algorithm.kl_kind)
-                token_loss = token_loss + kl_coef * kl
-                metrics["kl_loss"] = kl
-            return token_loss, metrics
+                kl = kl_estimate(log_probs, micro["ref_log_probs"], algorithm.kl_loss_kind)
+                out.loss = out.loss + kl_coef * kl
+                out.terms["kl_loss"] = kl
+            return out
 
         steps = train_minibatches(self.engine, batch, self.config, self.data_parallel_size, seed, loss)
         self.hybrid.weights_changed()

@@ -10,7 +10,7 @@ from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.engines.forward import response_values
 from hybridflow_lab.models.heads import load_scalar_model
 from hybridflow_lab.protocol import DataBatch
-from hybridflow_lab.workers.batching import micro_batches, train_minibatches
+from hybridflow_lab.workers.batching import TokenLoss, micro_batches, train_minibatches
 from hybridflow_lab.workers.trained_role import TrainedRole
 
 
@@ -35,9 +35,10 @@ class CriticWorker(TrainedRole):
         """Regress values on ``returns`` (needs ``values`` from before the update); metrics in meta."""
         clip = self.config.algorithm.value_clip
 
-        def loss(module: torch.nn.Module, micro: DataBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            return clipped_value_loss(response_values(module, micro), micro["values"], micro["returns"],
-                                      micro["response_mask"], clip)
+        def loss(module: torch.nn.Module, micro: DataBatch) -> TokenLoss:
+            value_loss, diagnostics = clipped_value_loss(response_values(module, micro), micro["values"],
+                                                         micro["returns"], micro["response_mask"], clip)
+            return TokenLoss(value_loss, means=diagnostics)
 
         steps = train_minibatches(self.engine, batch, self.config, self.data_parallel_size, seed, loss)
         return DataBatch(meta={"metrics": {f"critic/{'vf_loss' if k == 'loss' else k}": v for k, v in steps.items()}})
