@@ -19,7 +19,8 @@ def _demo(args: argparse.Namespace) -> None:
     else:
         from hybridflow_lab.demos import rl_demo
 
-        rl_demo.main(run_dir=args.run_dir, task=args.task, sft_steps=args.sft_steps, rl_steps=args.rl_steps)
+        rl_demo.main(run_dir=args.run_dir, task=args.task, sft_steps=args.sft_steps, rl_steps=args.rl_steps,
+                     seed=args.seed)
 
 
 def _lab(args: argparse.Namespace, resume: bool) -> Any:
@@ -72,6 +73,7 @@ def _dashboard(args: argparse.Namespace) -> None:
 
 
 QUICK_BENCH = {
+    "algorithms": {"steps": 2, "runs": ("grpo", "gspo")},
     "dispatch": {"workers": (1, 2), "payloads": (0, 1 << 20), "repeats": 3},
     "rollout": {"size": "tiny", "prompts": 8, "new_tokens": 8, "repeats": 1},
     "train": {"size": "tiny", "rows": 4, "response": 8, "steps": 1, "engines": (("torch", 0), ("deepspeed", 3))},
@@ -157,12 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybridflow-lab", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="rl: SFT then GRPO on arithmetic (default); controller: worker groups")
+    demo = commands.add_parser("demo", help="rl: SFT then GRPO on a bundled task (default); controller: worker "
+                                            "groups")
     demo.add_argument("which", nargs="?", choices=["rl", "controller"], default="rl")
     demo.add_argument("--backend", choices=["ray", "local"], default="ray", help="controller demo only")
     demo.add_argument("--run-dir", default="runs/demo")
-    demo.add_argument("--task", choices=["arithmetic", "sorting"], default="arithmetic", help="rl demo only")
-    demo.add_argument("--sft-steps", type=int, default=None, help="default: the task's (700 arithmetic, 70 sorting)")
+    demo.add_argument("--task", choices=["sorting", "countdown", "arithmetic"], default="sorting", help="rl demo only")
+    demo.add_argument("--seed", type=int, default=0, help="rl demo: the model's initialisation, SFT and RL")
+    demo.add_argument("--sft-steps", type=int, default=None, help="rl demo: at most this many SFT steps "
+                      "(default: the task's own budget)")
     demo.add_argument("--rl-steps", type=int, default=300)
     demo.set_defaults(run=_demo)
 

@@ -468,8 +468,8 @@ def test_package_imports_only_torch_numpy_and_stdlib():
 
 def test_k3_gradient_is_finite_at_large_log_ratios():
     # a padding token whose log-ratio is 100: its KL is masked, and the gradient must not be poisoned by exp(100) * 0
-    log_probs = t([[-0.5, 100.0], [-100.0, -0.2]]).requires_grad_()
-    mask = t([[1, 0], [0, 1]])
+    log_probs = torch.tensor([[-0.5, 100.0], [-100.0, -0.2]], requires_grad=True)  # float32, as the trainer's
+    mask = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     kl = kl_estimate(log_probs, torch.zeros_like(log_probs), "k3")
     assert torch.isfinite(kl).all()
     (kl * mask).sum().backward()
@@ -479,9 +479,9 @@ def test_k3_gradient_is_finite_at_large_log_ratios():
 
 
 def test_ppo_ratio_is_clamped_so_a_zero_advantage_never_gives_nan():
-    log_probs = t([[100.0, 0.1], [-100.0, 0.0]]).requires_grad_()
-    advantages = t([[0.0, 1.0], [0.0, 0.0]])  # a padding token / a constant-reward group
-    mask = t([[0, 1], [1, 1]])
+    log_probs = torch.tensor([[100.0, 0.1], [-100.0, 0.0]], requires_grad=True)  # float32: exp(100) is inf
+    advantages = torch.tensor([[0.0, 1.0], [0.0, 0.0]])  # a padding token / a constant-reward group
+    mask = torch.tensor([[0, 1], [1, 1]])
     loss, metrics = ppo_policy_loss(log_probs, torch.zeros_like(log_probs), advantages, mask)
     assert torch.isfinite(loss).all() and torch.isfinite(metrics["pg_clipfrac"]).all()
     loss.sum().backward()

@@ -12,11 +12,11 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def run_cli(*args: str) -> str:
+def run_cli(*args: str, with_stderr: bool = False) -> str:
     done = subprocess.run([sys.executable, "-m", "hybridflow_lab.cli", *args], capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    return done.stdout + done.stderr if with_stderr else done.stdout
 
 
 def test_train_then_eval_from_a_preset(tmp_path):
@@ -60,16 +60,22 @@ def test_bench_dispatch_prints_comparable_json(tmp_path):
         assert row["ratio"] == pytest.approx(row["ours_ms_p50"] / row["ray_ms_p50"], rel=0.01)
 
 
-@pytest.mark.parametrize(("task", "rl_steps"), [("arithmetic", 50), ("sorting", 4)])
+@pytest.mark.parametrize(("task", "rl_steps"), [("sorting", 50), ("arithmetic", 4)])
 def test_rl_demo_reports_accuracy_before_after_and_the_curve(tmp_path, task, rl_steps):
-    out = run_cli("demo", "--task", task, "--run-dir", str(tmp_path), "--sft-steps", "30", "--rl-steps", str(rl_steps))
-    summary = json.loads(out[out.index("{"):])
+    out = run_cli("demo", "--task", task, "--run-dir", str(tmp_path), "--sft-steps", "30", "--rl-steps", str(rl_steps),
+                  "--seed", "1", with_stderr=True)
+    summary = json.loads(out[out.index("\n{") : out.index("\n}") + 2])
+    assert summary["seed"] == 1 and summary["sft_steps"] <= 30
     assert 0.0 <= summary["accuracy_before_rl"] <= 1.0 and 0.0 <= summary["accuracy_after_rl"] <= 1.0
     assert summary["gain_points"] == pytest.approx(100 * (summary["accuracy_after_rl"] - summary["accuracy_before_rl"]),
                                                    abs=0.051)
     assert list(summary["accuracy_every_50_steps"]) == [str(step) for step in range(50, rl_steps + 1, 50)]
     assert len((tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()) == rl_steps
     assert (tmp_path / "grpo" / "checkpoints" / f"step_{rl_steps:06d}").is_dir()
+    # what a new user reads: one progress bar, the curve, the JSON, where to look next; no warnings
+    assert "warning" not in out.lower() and "deprecated" not in out, out
+    assert f"[demo] step    0  {summary['accuracy_before_rl']:.3f}" in out
+    assert f"make dashboard RUN={tmp_path / 'grpo'}" in out
 
 
 def test_bench_dashboard_compares_steps_with_and_without_a_live_dashboard():

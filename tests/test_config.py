@@ -73,3 +73,34 @@ def test_unworkable_settings_fail_before_any_worker_starts(model_dir, settings, 
     with pytest.raises(ConfigError, match=message) as info:
         validate(config)
     assert info.value.key == key
+
+
+def test_verl_kl_names_are_read_as_the_projects_and_the_aggregation_follows_the_algorithm():
+    config = load_config(LabConfig, overrides=["algorithm.kl_loss_kind=low_var_kl", "algorithm.kl_reward_kind=kl"])
+    assert (config.algorithm.kl_loss_kind, config.algorithm.kl_reward_kind) == ("k3", "k1")
+    assert to_dict(config)["algorithm"]["kl_loss_kind"] == "k3"
+    aggregation = {(name, loss): load_config(LabConfig, overrides=[f"algorithm.name={name}",
+                                                                   f"algorithm.policy_loss={loss}"]).algorithm.aggregation
+                   for name, loss in (("grpo", "ppo"), ("dr_grpo", "ppo"), ("grpo", "gspo"), ("ppo", "cispo"))}
+    assert aggregation == {("grpo", "ppo"): "token-mean", ("dr_grpo", "ppo"): "seq-mean-token-sum-norm",
+                           ("grpo", "gspo"): "seq-mean-token-mean", ("ppo", "cispo"): "token-mean"}
+    explicit = load_config(LabConfig, overrides=["algorithm.name=dr_grpo", "algorithm.loss_agg=token-mean"])
+    assert explicit.algorithm.aggregation == "token-mean"
+
+
+def test_every_policy_loss_keyword_is_an_algorithm_setting():
+    from dataclasses import fields
+
+    from hybridflow_lab.algorithms.registry import POLICY_LOSS_KEYWORDS
+    from hybridflow_lab.config import AlgorithmConfig
+
+    assert set(POLICY_LOSS_KEYWORDS) <= {f.name for f in fields(AlgorithmConfig)}
+
+
+def test_every_preset_is_a_config_that_works(model_dir):
+    from hybridflow_lab.trainer.lab import check_config
+    from hybridflow_lab.trainer.presets import presets, resolve_config
+
+    assert {"arithmetic_grpo", "countdown_grpo", "sorting_grpo"} <= set(presets())
+    for name in presets():
+        check_config(resolve_config(name, [f"actor.model_path={model_dir}"]))

@@ -86,6 +86,7 @@ def test_checkpoint_resumes_the_same_run(ray_cluster, model_dir, tmp_path, backe
     resumed.shutdown()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])  # ZeRO-1 steps with ZeRO-2's optimizer
 def test_deepspeed_stops_a_step_whose_gradient_norm_is_not_finite_before_the_weights(ray_cluster, model_dir, stage):
     group = WorkerGroup(Role(EngineProbe, model_dir, "deepspeed", zero_stage=stage), ResourcePool(2),

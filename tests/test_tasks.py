@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from fractions import Fraction
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +15,7 @@ from hybridflow_lab.models.tokenizers import CHARACTERS
 from hybridflow_lab.tasks import (
     TASKS,
     ArithmeticTask,
+    CountdownTask,
     Example,
     PromptSource,
     SortingTask,
@@ -25,8 +27,10 @@ from hybridflow_lab.tasks import (
     integer_format_score,
     load_gsm8k,
     make_task,
+    parse_expression,
     split_examples,
 )
+from hybridflow_lab.tasks.countdown import BadExpression, parse_prompt, solve
 
 DATA = Path(__file__).parent / "data"
 
@@ -134,24 +138,86 @@ def test_sorting_partial_credit_with_repeated_characters():
     assert SortingTask().reward("sort:2101=", "1102", "0112") == pytest.approx(0.5 * 2 / 4)
 
 
-@pytest.mark.parametrize("kwargs", [{"length": 0}, {"alphabet": ""}])
+@pytest.mark.parametrize(("response", "score"), [
+    ("13449999", 1.0),
+    ("13444999", 0.5 * 7 / 8),  # one 9 too few, one 4 too many: not a rearrangement, most places right
+    ("99999999", 0.5 * 4 / 8), ("1344999", 0.0), ("134499999", 0.0),  # the wrong length earns nothing
+])
+def test_sorting_digit_credit_counts_matching_places_of_any_answer_of_the_right_length(response, score):
+    task = SortingTask(length=8, partial_credit="digits")
+    assert task.reward("sort:99914394=", response, "13449999") == pytest.approx(score)
+    assert SortingTask(length=8).reward("sort:99914394=", "13444999", "13449999") == 0.0  # "format" credit: none
+
+
+@pytest.mark.parametrize("kwargs", [{"length": 0}, {"alphabet": ""}, {"partial_credit": "half"}])
 def test_sorting_rejects_bad_settings(kwargs):
     with pytest.raises(ValueError):
         SortingTask(**kwargs)
 
 
+# ---- countdown ----
+
+@pytest.mark.parametrize(("text", "value", "numbers"), [
+    ("3*5+7", 22, [3, 5, 7]), ("3+5*7", 38, [3, 5, 7]), ("(3+5)*7", 56, [3, 5, 7]), ("7-(5-3)", 5, [7, 5, 3]),
+    ("8/3*3", 8, [8, 3, 3]), ("10 - 2 / 4", Fraction(19, 2), [10, 2, 4]), ("((2))", 2, [2]),
+])
+def test_countdown_expressions_follow_the_usual_precedence_exactly(text, value, numbers):
+    assert parse_expression(text) == (value, numbers)
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("3*(5+7", "unclosed parenthesis"), ("3+", "ends too early"), ("-3+5", "'-' where a number belongs"),
+    ("3 5", "'5' after a complete expression"), ("__import__('os')", "'_' where a number belongs"),
+    ("2**10", "'*' where a number belongs"), ("7/(3-3)", "divides by zero"), ("", "ends too early"),
+    ("1e9", "'e' after a complete expression"),
+])
+def test_countdown_rejects_what_is_not_an_expression_without_evaluating_it(text, problem):
+    with pytest.raises(BadExpression, match=re.escape(problem)):
+        parse_expression(text)
+
+
+@pytest.mark.parametrize(("response", "score"), [
+    ("3*5+7", 1.0), ("7+5*3", 1.0), (" 5*3+7 ", 1.0),  # any order, spaces
+    ("3+5+7", 0.1), ("(3+5)*7", 0.1),  # the right numbers, the wrong value: format credit
+    ("3*5+7+0", 0.0), ("15+7", 0.0), ("3*5", 0.0), ("3*5+7=22", 0.0), ("22", 0.0),  # other numbers or text
+    ("7/(5-5)+3", 0.0), ("import os", 0.0),
+])
+def test_countdown_reward(response, score):
+    assert CountdownTask().reward("cd:3,5,7>22=", response, "22") == score
+
+
+def test_countdown_puzzles_are_seeded_solvable_and_their_demonstrations_score_one():
+    task = CountdownTask(numbers=3, digits=1, operators="+-*/")
+    examples = [task.sample(random.Random(f"0:{i}")) for i in range(100)]
+    assert examples == [task.sample(random.Random(f"0:{i}")) for i in range(100)]
+    for example in examples:
+        numbers, target = parse_prompt(example.prompt)
+        assert len(numbers) == 3 and all(1 <= n <= 9 for n in numbers) and target > 0
+        assert example.answer == str(target)
+        assert task.reward(example.prompt, task.demonstration(example), example.answer) == 1.0
+    assert solve([3, 5, 7], 22) == "3*5+7" and solve([2, 2], 5) is None
+
+
+@pytest.mark.parametrize("kwargs", [{"numbers": 1}, {"digits": 0}, {"operators": "+%"}, {"operators": ""}])
+def test_countdown_rejects_bad_settings(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        CountdownTask(**kwargs)
+
+
 # ---- registry and tokenizer characters ----
 
 def test_registry():
-    assert set(TASKS) == {"arithmetic", "sorting"}
+    assert set(TASKS) == {"arithmetic", "countdown", "sorting"}
     assert make_task("arithmetic", operators="+-") == ArithmeticTask(operators="+-")
     assert make_task("sorting", length=3) == SortingTask(length=3)
-    with pytest.raises(ValueError, match="known tasks: arithmetic, sorting"):
+    assert make_task("countdown", numbers=4) == CountdownTask(numbers=4)
+    with pytest.raises(ValueError, match="known tasks: arithmetic, countdown, sorting"):
         make_task("chess")
 
 
 @pytest.mark.parametrize("task", [
-    ArithmeticTask(digits=3, operators="+-*"), SortingTask(), SortingTask(length=5, alphabet="zyxabc")
+    ArithmeticTask(digits=3, operators="+-*"), SortingTask(), SortingTask(length=5, alphabet="zyxabc"),
+    CountdownTask(numbers=4, digits=2, operators="+-*/"),
 ])
 def test_prompts_and_answers_use_only_tokenizer_characters(task):
     allowed = set(CHARACTERS)

@@ -15,10 +15,10 @@ and 0 at masked positions; estimators without separate returns return the advant
         return advantages, advantages
 
 Policy losses are called as ``loss(log_probs=, old_log_probs=, advantages=, mask=, **config)`` where the config
-keywords are always the same superset: ``clip_low``, ``clip_high``, ``dual_clip`` (PPO), ``gspo_clip_low``,
-``gspo_clip_high`` (GSPO), ``cispo_clip_low`` and ``cispo_clip_high`` (CISPO). A loss takes those it needs and
-swallows the rest with ``**_``, and returns ``(loss [B, T], metrics)`` like ``ppo_policy_loss``: metrics are
-per-token tensors, reported as token means. Registering an existing name replaces it.
+keywords are always the superset ``POLICY_LOSS_KEYWORDS`` (the ``algorithm`` config keys of the same names). A
+loss takes those it needs and swallows the rest with ``**_``, and returns ``(loss [B, T], metrics)`` like
+``ppo_policy_loss``: metrics are per-token tensors, reported as token means. Registering an existing name
+replaces it.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ from .losses import cispo_policy_loss, gspo_policy_loss, ppo_policy_loss
 Pair = tuple[Tensor, Tensor]
 Estimator = Callable[..., Pair]
 PolicyLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]
+
+POLICY_LOSS_KEYWORDS = ("clip_low", "clip_high", "dual_clip",  # PPO
+                        "gspo_clip_low", "gspo_clip_high", "cispo_clip_low", "cispo_clip_high")
 
 ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {}
 POLICY_LOSSES: dict[str, PolicyLoss] = {}

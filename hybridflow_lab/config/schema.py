@@ -142,11 +142,11 @@ class AlgorithmConfig:
 class TaskConfig:
     """Where prompts and rewards come from: a bundled task, or a GSM8K-format file."""
 
-    name: str = "arithmetic"  # a bundled task, or "gsm8k"
-    digits: int = 2
-    operators: str = "+"
-    partial_credit: str = "format"  # arithmetic: "format" or "digits"
-    length: int = 4  # sorting: characters per prompt
+    name: str = "arithmetic"  # a bundled task (arithmetic, countdown, sorting), or "gsm8k"
+    digits: int = 2  # arithmetic: digits per operand; countdown: digits per number
+    operators: str = "+"  # arithmetic: drawn per prompt; countdown: those a puzzle's solution may use
+    partial_credit: str = "format"  # arithmetic, sorting: "format" (well-formed answers) or "digits" (per digit)
+    length: int = 4  # sorting: characters per prompt; countdown: numbers per puzzle
     dataset_path: str = ""  # gsm8k: .jsonl or .parquet
     eval_size: int = 64
     cost: str = ""  # safe_rlhf: a rule cost ("digit_cost")

@@ -1,67 +1,104 @@
 """The main demo (``make demo``): SFT a tiny model on a bundled task, then GRPO on a local Ray cluster.
 
-Prints held-out greedy accuracy before RL, every 50 RL steps and after, the wall time, and the run directory
-(metrics.jsonl, spans.jsonl, checkpoints). The default task is 2-digit addition; ``sorting`` (8 digits,
-from a short SFT start) shows RL moving further where the skill is easy to learn (docs/rl-on-cpu.md).
+Prints one progress bar, held-out greedy accuracy before RL and every 50 RL steps, a JSON summary, and where to
+look next (the run directory with metrics.jsonl, spans.jsonl and checkpoints; its live dashboard). The default
+task is sorting 8 digits: a short supervised warm start, stopped at a target loss, teaches the format and
+leaves a policy that samples the right answer far more often than it decodes it greedily, the latent skill
+RL sharpens (docs/rl-on-cpu.md). ``arithmetic`` (2-digit addition) shows where RL gains little.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hybridflow_lab.controller import init_cluster
 from hybridflow_lab.models import create_model_dir
-from hybridflow_lab.tasks import ArithmeticTask, SortingTask, Task
+from hybridflow_lab.tasks import ArithmeticTask, CountdownTask, SortingTask, Task
 from hybridflow_lab.trainer.lab import Lab
 from hybridflow_lab.trainer.sft import sft
 
 
 @dataclass(frozen=True)
 class DemoTask:
-    """A task for the demo: what SFT trains on, for how long, and the RL config overrides that match it."""
+    """A task for the demo: what SFT trains on and when it stops, and the RL run's preset (configs/)."""
 
     task: Task
     description: str
-    sft_steps: int
-    overrides: tuple[str, ...] = ()
+    preset: str
+    sft_steps: int  # at most
+    sft_lr: float
+    sft_target_loss: float = 0.0  # > 0: stop SFT once its recent mean loss is this low
 
 
 DEMO_TASKS = {
-    "arithmetic": DemoTask(ArithmeticTask(digits=2, operators="+"), "2-digit addition", 700),
-    "sorting": DemoTask(SortingTask(length=8), "sorting 8 digits", 70,
-                        ("task.name=sorting", "task.length=8", "rollout.max_prompt_tokens=16",
-                         "rollout.max_new_tokens=10", "actor.optim.lr=1e-4")),
+    "sorting": DemoTask(SortingTask(length=8), "sorting 8 digits", "sorting_grpo", 300, 3e-3, 0.35),
+    "countdown": DemoTask(CountdownTask(numbers=3, digits=1, operators="+-*"), "Countdown with 3 one-digit numbers",
+                          "countdown_grpo", 600, 3e-3, 0.45),
+    "arithmetic": DemoTask(ArithmeticTask(digits=2, operators="+"), "2-digit addition", "arithmetic_grpo", 700, 3e-3),
 }
 
 
-def main(run_dir: str = "runs/demo", task: str = "arithmetic", sft_steps: int | None = None,
-         rl_steps: int = 300) -> dict[str, object]:
-    """Run the demo on ``DEMO_TASKS[task]``; ``sft_steps`` defaults to the task's own."""
+def warm_start(root: Path, demo: DemoTask, seed: int, max_steps: int | None = None) -> dict[str, float]:
+    """A tiny model initialised with ``seed`` and fine-tuned on ``demo``'s demonstrations into ``root / "sft"``."""
+    base = create_model_dir(root / "base", "tiny", "qwen2", seed=seed)
+    return sft(base, demo.task, root / "sft", steps=demo.sft_steps if max_steps is None else max_steps,
+               batch_size=64, lr=demo.sft_lr, seed=seed, target_loss=demo.sft_target_loss)
+
+
+def quiet_ray() -> None:
+    """Start the local Ray without its start-up notes (they are not the demo's)."""
+    init_cluster(logging_level=logging.ERROR)
+
+
+def rl_lab(root: Path, demo: DemoTask, seed: int, steps: int, run: str = "grpo", *extra: str) -> Lab:
+    """The demo's RL run from the warm start in ``root`` (``extra`` overrides on top), in ``root / run``."""
+    return Lab(demo.preset, overrides=(f"actor.model_path={root / 'sft'}", f"trainer.run_dir={root / run}",
+                                       f"trainer.steps={steps}", "trainer.eval_every=50", f"seed={seed}", *extra))
+
+
+def main(run_dir: str = "runs/demo", task: str = "sorting", sft_steps: int | None = None, rl_steps: int = 300,
+         seed: int = 0) -> dict[str, object]:
+    """Run the demo on ``DEMO_TASKS[task]`` with ``seed`` (the model's initialisation, SFT and RL); ``sft_steps``
+    caps the task's own supervised budget."""
     demo = DEMO_TASKS[task]
-    sft_steps = demo.sft_steps if sft_steps is None else sft_steps
     start = time.perf_counter()
     root = Path(run_dir)
-    base = create_model_dir(root / "base", "tiny", "qwen2", seed=0)
-    print(f"[demo] supervised warm start: {sft_steps} steps on {demo.description}", flush=True)
-    sft_metrics = sft(base, demo.task, root / "sft", steps=sft_steps, batch_size=64, lr=3e-3)
-    lab = Lab("arithmetic_grpo", overrides=(f"actor.model_path={root / 'sft'}", f"trainer.run_dir={root / 'grpo'}",
-                                            f"trainer.steps={rl_steps}", "trainer.eval_every=50", *demo.overrides))
+    print(f"[demo] supervised warm start on {demo.description} (seed {seed})", flush=True)
+    warm = warm_start(root, demo, seed, sft_steps)
+    quiet_ray()
+    lab = rl_lab(root, demo, seed, rl_steps)
     before = lab.evaluate()["eval/accuracy"]
-    print(f"[demo] after SFT: held-out accuracy {before:.3f}; GRPO for {rl_steps} steps on "
-          f"{lab.config.actor.ranks} Ray ranks", flush=True)
+    print(f"[demo] after {warm['sft/steps']} SFT steps (loss {warm['sft/final_loss']:.3f}): held-out accuracy "
+          f"{before:.3f}; GRPO for {rl_steps} steps on {lab.config.actor.ranks} Ray ranks", flush=True)
     history = lab.run()
     lab.save()
     after = lab.evaluate()["eval/accuracy"]
-    curve = {step: m["eval/accuracy"] for step, m in enumerate(history, 1) if "eval/accuracy" in m}
+    curve = eval_curve(history)
     lab.shutdown()
-    summary = {"sft_final_loss": round(sft_metrics["sft/final_loss"], 4), "accuracy_before_rl": before,
-               "accuracy_after_rl": after, "gain_points": round(100 * (after - before), 1),
-               "accuracy_every_50_steps": curve, "wall_s": round(time.perf_counter() - start, 1),
-               "run_dir": str(root / "grpo")}
+    print(accuracy_curve({0: before, **curve}))
+    summary = {"seed": seed, "sft_steps": warm["sft/steps"], "sft_final_loss": round(warm["sft/final_loss"], 4),
+               "accuracy_before_rl": before, "accuracy_after_rl": after,
+               "gain_points": round(100 * (after - before), 1), "accuracy_every_50_steps": curve,
+               "wall_s": round(time.perf_counter() - start, 1), "run_dir": str(root / "grpo")}
     print(json.dumps(summary, indent=2))
+    print(f"[demo] next: the run's metrics, spans and checkpoints are in {root / 'grpo'}; watch it with "
+          f"`make dashboard RUN={root / 'grpo'}`, or open notebooks/grpo_experiment.ipynb")
     return summary
+
+
+def eval_curve(history: list[dict[str, float]]) -> dict[int, float]:
+    """Held-out accuracy by step, from the steps of ``history`` that evaluated."""
+    return {step: metrics["eval/accuracy"] for step, metrics in enumerate(history, 1) if "eval/accuracy" in metrics}
+
+
+def accuracy_curve(points: dict[int, float], width: int = 40) -> str:
+    """Held-out accuracy by RL step as a text bar chart."""
+    return "\n".join(f"[demo] step {step:>4}  {accuracy:.3f} {'#' * round(accuracy * width)}"
+                     for step, accuracy in points.items())
 
 
 if __name__ == "__main__":

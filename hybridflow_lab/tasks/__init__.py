@@ -3,6 +3,7 @@
 from hybridflow_lab.tasks.arithmetic import ArithmeticTask
 from hybridflow_lab.tasks.base import Example, Task
 from hybridflow_lab.tasks.cost import digit_cost
+from hybridflow_lab.tasks.countdown import CountdownTask, parse_expression
 from hybridflow_lab.tasks.gsm8k import extract_answer, gsm8k_reward, load_gsm8k, load_gsm8k_rows
 from hybridflow_lab.tasks.registry import TASKS, make_task
 from hybridflow_lab.tasks.rewards import exact_match, integer_format_score, permutation_score
@@ -12,6 +13,7 @@ from hybridflow_lab.tasks.source import PromptSource, held_out, split_examples
 __all__ = [
     "TASKS",
     "ArithmeticTask",
+    "CountdownTask",
     "Example",
     "PromptSource",
     "SortingTask",
@@ -25,6 +27,7 @@ __all__ = [
     "load_gsm8k",
     "load_gsm8k_rows",
     "make_task",
+    "parse_expression",
     "permutation_score",
     "split_examples",
 ]

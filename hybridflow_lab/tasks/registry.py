@@ -6,9 +6,11 @@ from collections.abc import Callable
 
 from hybridflow_lab.tasks.arithmetic import ArithmeticTask
 from hybridflow_lab.tasks.base import Task
+from hybridflow_lab.tasks.countdown import CountdownTask
 from hybridflow_lab.tasks.sorting import SortingTask
 
-TASKS: dict[str, Callable[..., Task]] = {"arithmetic": ArithmeticTask, "sorting": SortingTask}
+TASKS: dict[str, Callable[..., Task]] = {"arithmetic": ArithmeticTask, "countdown": CountdownTask,
+                                         "sorting": SortingTask}
 
 
 def make_task(name: str, **kwargs: object) -> Task:

@@ -45,3 +45,15 @@ def permutation_score(response: str, truth: str, scale: float = 0.5) -> float:
     if sorted(response) != sorted(truth) or not truth:
         return 0.0
     return scale * sum(a == b for a, b in zip(response, truth, strict=True)) / len(truth)
+
+
+def position_score(response: str, truth: str, scale: float = 0.5) -> float:
+    """1.0 for the right answer; for another answer of the same length, ``scale`` times the fraction of
+    positions that match ``truth``; anything else 0.0. Denser than ``permutation_score``: a near miss that
+    repeats one character too often (``"13444999"`` for ``"13449999"``) still earns most of the credit."""
+    response, truth = response.strip(), truth.strip()
+    if response == truth:
+        return 1.0
+    if len(response) != len(truth) or not truth:
+        return 0.0
+    return scale * sum(a == b for a, b in zip(response, truth, strict=True)) / len(truth)

@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass
 
 from hybridflow_lab.tasks.base import Example
-from hybridflow_lab.tasks.rewards import permutation_score
+from hybridflow_lab.tasks.rewards import permutation_score, position_score
 
 PREFIX = "sort:"
 
@@ -15,19 +15,23 @@ PREFIX = "sort:"
 class SortingTask:
     """``length`` characters drawn from ``alphabet`` (repeats allowed), to be put in ascending character order.
 
-    The reward is 1.0 for the sorted string, half the fraction of correctly placed characters for
-    another arrangement of the input's characters, and 0.0 otherwise.
+    The reward is 1.0 for the sorted string and half the fraction of correctly placed characters for another
+    answer: with ``partial_credit="format"`` only for a rearrangement of the input's characters, with
+    ``"digits"`` for any answer of the right length (a denser signal for RL); 0.0 otherwise.
     """
 
     length: int = 4
     alphabet: str = "0123456789"
     name: str = "sorting"
+    partial_credit: str = "format"
 
     def __post_init__(self) -> None:
         if self.length < 1:
             raise ValueError(f"length must be at least 1, got {self.length}")
         if not self.alphabet:
             raise ValueError("alphabet must not be empty")
+        if self.partial_credit not in ("format", "digits"):
+            raise ValueError(f"partial_credit must be 'format' or 'digits', got {self.partial_credit!r}")
 
     def sample(self, rng: random.Random) -> Example:
         """Draw the characters one by one from the alphabet."""
@@ -35,8 +39,9 @@ class SortingTask:
         return Example(f"{PREFIX}{text}=", "".join(sorted(text)), self.name)
 
     def reward(self, prompt: str, response: str, ground_truth: str) -> float:
-        """1.0 exact, partial credit for a rearrangement of the input (see ``permutation_score``)."""
-        return permutation_score(response, ground_truth)
+        """1.0 exact; partial credit by ``permutation_score`` ("format") or ``position_score`` ("digits")."""
+        score = position_score if self.partial_credit == "digits" else permutation_score
+        return score(response, ground_truth)
 
     def demonstration(self, example: Example) -> str:
         """Just the sorted string."""

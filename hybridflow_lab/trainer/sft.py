@@ -35,18 +35,31 @@ def demonstration_batch(tokenizer: PreTrainedTokenizerBase, task: Task, examples
     return DataBatch(sequences_batch(out, tokenizer.pad_token_id))
 
 
+LOSS_WINDOW = 10  # steps the final loss (and the early stop) averages over
+
+
 def sft(model_dir: str | os.PathLike[str], task: Task, out_dir: str | os.PathLike[str], steps: int = 200,
-        batch_size: int = 64, lr: float = 1e-3, seed: int = 0) -> dict[str, float]:
-    """Train on ``steps`` batches of fresh demonstrations; save the model (and tokenizer) to ``out_dir``."""
+        batch_size: int = 64, lr: float = 1e-3, seed: int = 0, target_loss: float = 0.0) -> dict[str, float]:
+    """Train on at most ``steps`` batches of fresh demonstrations, stopping early once the mean loss of the last
+    ``LOSS_WINDOW`` steps is at most ``target_loss`` (> 0); save the model (and tokenizer) to ``out_dir``.
+
+    The stop makes the start of RL the same whatever the seed or the CPU's float32 rounding: a fixed step count
+    lands at different losses on different machines, a target loss at the same one.
+    """
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(model_dir)
     model = load_causal_lm(model_dir)
     engine = TorchEngine(model, OptimConfig(lr=lr, warmup_steps=min(20, steps // 10), schedule="cosine",
                                             total_steps=steps, min_lr_ratio=0.1))
     source = PromptSource(task, seed + 7919)  # a stream apart from the RL run's (same seed) prompts
-    losses = []
-    for _ in range(steps):
+    losses: list[float] = []
+    while len(losses) < steps and not (target_loss > 0 and len(losses) >= LOSS_WINDOW
+                                       and _recent_loss(losses) <= target_loss):
         batch = demonstration_batch(tokenizer, task, source.next_batch(batch_size))
         losses.append(engine.train_step([batch], response_nll, count_response_tokens)["loss"])
     save_model_dir(model, Path(out_dir), tokenizer)
-    return {"sft/first_loss": losses[0], "sft/final_loss": sum(losses[-10:]) / len(losses[-10:]), "sft/steps": steps}
+    return {"sft/first_loss": losses[0], "sft/final_loss": _recent_loss(losses), "sft/steps": len(losses)}
+
+
+def _recent_loss(losses: list[float]) -> float:
+    return sum(losses[-LOSS_WINDOW:]) / len(losses[-LOSS_WINDOW:])

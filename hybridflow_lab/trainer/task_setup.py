@@ -49,9 +49,10 @@ class TaskSetup:
 # the task config keys each bundled task takes, and the one that sets its prompts' length
 TASK_SETTINGS: dict[str, Callable[[TaskConfig], dict[str, Any]]] = {
     "arithmetic": lambda c: {"digits": c.digits, "operators": c.operators, "partial_credit": c.partial_credit},
-    "sorting": lambda c: {"length": c.length},
+    "countdown": lambda c: {"numbers": c.length, "digits": c.digits, "operators": c.operators},
+    "sorting": lambda c: {"length": c.length, "partial_credit": c.partial_credit},
 }
-PROMPT_LENGTH_SETTING = {"arithmetic": "task.digits", "sorting": "task.length"}
+PROMPT_LENGTH_SETTING = {"arithmetic": "task.digits", "countdown": "task.length", "sorting": "task.length"}
 
 
 def build_task(config: LabConfig) -> TaskSetup:

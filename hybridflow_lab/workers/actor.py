@@ -13,7 +13,7 @@ import torch
 
 from hybridflow_lab.algorithms.kl import kl_estimate
 from hybridflow_lab.algorithms.losses import ppo_policy_loss
-from hybridflow_lab.algorithms.registry import PolicyLoss
+from hybridflow_lab.algorithms.registry import POLICY_LOSS_KEYWORDS, PolicyLoss
 from hybridflow_lab.algorithms.rollout_correction import rollout_correction
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, register
@@ -33,11 +33,6 @@ from hybridflow_lab.workers.trained_role import TrainedRole
 
 if TYPE_CHECKING:
     from hybridflow_lab.engines.vllm_rollout import VllmRollout
-
-
-# the config keys every policy loss is called with (see hybridflow_lab.algorithms.registry)
-POLICY_LOSS_OPTIONS = ("clip_low", "clip_high", "dual_clip", "gspo_clip_low", "gspo_clip_high", "cispo_clip_low",
-                       "cispo_clip_high")
 
 
 def sampling_params(config: LabConfig, **overrides: object) -> SamplingParams:
@@ -172,7 +167,7 @@ class ActorWorker(TrainedRole):
             raise KeyError(f"update_actor needs columns {missing}; compute them first (compute_log_prob, "
                            "compute_ref_log_prob, advantages)")
         algorithm, temperature = self.config.algorithm, self.config.rollout.temperature
-        options = {key: getattr(algorithm, key) for key in POLICY_LOSS_OPTIONS}
+        options = {key: getattr(algorithm, key) for key in POLICY_LOSS_KEYWORDS}
         options["dual_clip"] = options["dual_clip"] or None
 
         def loss(module: torch.nn.Module, micro: DataBatch) -> TokenLoss:
