@@ -52,7 +52,8 @@ def _sft(args: argparse.Namespace) -> None:
     from hybridflow_lab.trainer.sft import sft
 
     task = make_task(args.task, digits=args.digits) if args.task == "arithmetic" else make_task(args.task)
-    print(json.dumps(sft(args.model, task, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr)))
+    print(json.dumps(sft(args.model, task, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                         seed=args.seed, target_loss=args.target_loss)))
 
 
 def _init_model(args: argparse.Namespace) -> None:
@@ -188,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     sft_cmd.add_argument("--steps", type=int, default=700)
     sft_cmd.add_argument("--batch-size", type=int, default=64)
     sft_cmd.add_argument("--lr", type=float, default=3e-3)
+    sft_cmd.add_argument("--seed", type=int, default=0)
+    sft_cmd.add_argument("--target-loss", type=float, default=0.0,
+                         help="stop once the mean loss of the last 10 steps is at most this (0: run every step)")
     sft_cmd.set_defaults(run=_sft)
 
     init = commands.add_parser("init-model", help="write a new tiny model directory (HF format) with its tokenizer")

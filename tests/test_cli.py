@@ -78,6 +78,17 @@ def test_rl_demo_reports_accuracy_before_after_and_the_curve(tmp_path, task, rl_
     assert f"make dashboard RUN={tmp_path / 'grpo'}" in out
 
 
+def test_bench_algorithms_runs_each_algorithm_from_the_same_warm_start():
+    report = json.loads(run_cli("bench", "algorithms", "--quick"))
+    assert report["steps"] == 2 and set(report["runs"]) == {"grpo", "gspo"}
+    assert report["sft_final_loss"] <= 0.35 and 0.0 <= report["accuracy_before_rl"] <= 1.0
+    for name, run in report["runs"].items():
+        assert len(run["score_per_step"]) == 2 and run["accuracy_every_50_steps"] == {}
+        assert run["gain_points"] == pytest.approx(100 * (run["accuracy_after_rl"] - report["accuracy_before_rl"]),
+                                                   abs=0.051), name
+    assert report["runs"]["gspo"]["overrides"] == ["algorithm.policy_loss=gspo"]
+
+
 def test_bench_dashboard_compares_steps_with_and_without_a_live_dashboard():
     report = json.loads(run_cli("bench", "dashboard", "--quick"))
     assert report["steps_each"] == 1 and report["redraws"] >= 1 and report["redraw_s_total"] > 0

@@ -97,8 +97,9 @@ def eval_curve(history: list[dict[str, float]]) -> dict[int, float]:
 
 def accuracy_curve(points: dict[int, float], width: int = 40) -> str:
     """Held-out accuracy by RL step as a text bar chart."""
-    return "\n".join(f"[demo] step {step:>4}  {accuracy:.3f} {'#' * round(accuracy * width)}"
-                     for step, accuracy in points.items())
+    bars = [f"[demo] step {step:>4}  {accuracy:.3f} {'#' * round(accuracy * width)}"
+            for step, accuracy in points.items()]
+    return "\n".join(["[demo] held-out greedy accuracy by RL step:", *bars])
 
 
 if __name__ == "__main__":
