@@ -30,6 +30,12 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: f
     return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
+def policy_metrics(clipped: torch.Tensor, log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                   mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every policy loss's per-token metrics: where its clip acted, and the approximate KL to the old policy."""
+    return {"pg_clipfrac": clipped.to(mask.dtype) * mask, "ppo_kl": (old_log_probs - log_probs).detach() * mask}
+
+
 def ppo_policy_loss(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
@@ -47,11 +53,7 @@ def ppo_policy_loss(
     loss, was_clipped = clipped_surrogate(importance_ratio(log_probs, old_log_probs), advantages, clip_low, clip_high)
     if dual_clip is not None:
         loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * dual_clip), loss)
-    metrics = {
-        "pg_clipfrac": was_clipped.to(mask.dtype) * mask,
-        "ppo_kl": (old_log_probs - log_probs).detach() * mask,
-    }
-    return loss * mask, metrics
+    return loss * mask, policy_metrics(was_clipped, log_probs, old_log_probs, mask)
 
 
 def gspo_policy_loss(
@@ -75,11 +77,7 @@ def gspo_policy_loss(
     token_log_ratio = log_probs - log_probs.detach() + sequence_log_ratio.detach()[:, None]
     ratio = importance_ratio(token_log_ratio, torch.zeros_like(token_log_ratio))
     loss, was_clipped = clipped_surrogate(ratio, advantages, gspo_clip_low, gspo_clip_high)
-    metrics = {
-        "pg_clipfrac": was_clipped.to(mask.dtype) * mask,
-        "ppo_kl": (old_log_probs - log_probs).detach() * mask,
-    }
-    return loss * mask, metrics
+    return loss * mask, policy_metrics(was_clipped, log_probs, old_log_probs, mask)
 
 
 def cispo_policy_loss(
@@ -97,11 +95,7 @@ def cispo_policy_loss(
     mask = mask.to(log_probs.dtype)
     ratio = importance_ratio(log_probs, old_log_probs).detach()
     weight = torch.clamp(ratio, 1 - cispo_clip_low, 1 + cispo_clip_high)
-    metrics = {
-        "pg_clipfrac": (weight != ratio).to(mask.dtype) * mask,
-        "ppo_kl": (old_log_probs - log_probs).detach() * mask,
-    }
-    return -weight * advantages * log_probs * mask, metrics
+    return -weight * advantages * log_probs * mask, policy_metrics(weight != ratio, log_probs, old_log_probs, mask)
 
 
 def clipped_value_loss(

@@ -39,12 +39,7 @@ def digit_score(response: str, truth: str, scale: float = 0.5, format_credit: fl
 def permutation_score(response: str, truth: str, scale: float = 0.5) -> float:
     """1.0 for the right answer; for a rearrangement of ``truth``'s characters, ``scale`` times the
     fraction of positions that already match; anything else 0.0."""
-    response, truth = response.strip(), truth.strip()
-    if response == truth:
-        return 1.0
-    if sorted(response) != sorted(truth) or not truth:
-        return 0.0
-    return scale * sum(a == b for a, b in zip(response, truth, strict=True)) / len(truth)
+    return position_score(response, truth, scale) if sorted(response.strip()) == sorted(truth.strip()) else 0.0
 
 
 def position_score(response: str, truth: str, scale: float = 0.5) -> float:
