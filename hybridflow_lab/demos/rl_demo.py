@@ -17,28 +17,34 @@ from pathlib import Path
 
 from hybridflow_lab.controller import init_cluster
 from hybridflow_lab.models import create_model_dir
-from hybridflow_lab.tasks import ArithmeticTask, CountdownTask, SortingTask, Task
+from hybridflow_lab.tasks import Task, make_task
 from hybridflow_lab.trainer.lab import Lab
+from hybridflow_lab.trainer.presets import resolve_config
 from hybridflow_lab.trainer.sft import sft
+from hybridflow_lab.trainer.task_setup import TASK_SETTINGS
 
 
 @dataclass(frozen=True)
 class DemoTask:
-    """A task for the demo: what SFT trains on and when it stops, and the RL run's preset (configs/)."""
+    """A demo: the RL run's preset (configs/, its task section is what SFT trains on), and how SFT stops."""
 
-    task: Task
     description: str
     preset: str
     sft_steps: int  # at most
     sft_lr: float
     sft_target_loss: float = 0.0  # > 0: stop SFT once its recent mean loss is this low
 
+    @property
+    def task(self) -> Task:
+        """The bundled task the preset's ``task`` section describes."""
+        settings = resolve_config(self.preset).task
+        return make_task(settings.name, **TASK_SETTINGS[settings.name](settings))
+
 
 DEMO_TASKS = {
-    "sorting": DemoTask(SortingTask(length=8), "sorting 8 digits", "sorting_grpo", 300, 3e-3, 0.35),
-    "countdown": DemoTask(CountdownTask(numbers=3, digits=1, operators="+-*"), "Countdown with 3 one-digit numbers",
-                          "countdown_grpo", 600, 3e-3, 0.45),
-    "arithmetic": DemoTask(ArithmeticTask(digits=2, operators="+"), "2-digit addition", "arithmetic_grpo", 700, 3e-3),
+    "sorting": DemoTask("sorting 8 digits", "sorting_grpo", 300, 3e-3, 0.35),
+    "countdown": DemoTask("Countdown with 3 one-digit numbers", "countdown_grpo", 600, 3e-3, 0.45),
+    "arithmetic": DemoTask("2-digit addition", "arithmetic_grpo", 700, 3e-3),
 }
 
 
