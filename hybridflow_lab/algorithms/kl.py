@@ -9,6 +9,11 @@ KL_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}  # verl's names for t
 MAX_LOG_RATIO = 20.0  # log-ratios are clamped to +-20 before exp: exp(20) is finite, exp(100) * 0 is NaN
 
 
+def clamped_exp(log_ratio: torch.Tensor) -> torch.Tensor:
+    """``exp`` of a log-ratio clamped to ``+-MAX_LOG_RATIO`` first, so the ratio and its gradient stay finite."""
+    return torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+
+
 def kl_kind(name: str) -> str:
     """The project's name of a KL estimator given by its own name or verl's (``low_var_kl`` -> ``k3``)."""
     kind = KL_ALIASES.get(name, name)

@@ -4,7 +4,7 @@ Losses return ``[B, T]`` tensors (0 at masked positions) plus ``[B, T]`` metric 
 loss into ``(loss_sum, units)``. Callers add both over all micro-batches and data-parallel ranks, then divide
 once, so the result is the chosen mode's mean over the whole batch whatever the split.
 
-Every importance ratio is ``exp`` of a log-ratio clamped to ``+-MAX_LOG_RATIO`` first: a ratio of ``exp(100)``
+Every importance ratio is ``kl.clamped_exp`` of its log-ratio (clamped to +-20 first): a ratio of ``exp(100)``
 times an advantage of exactly 0 (a padding token, a group of equal rewards) would otherwise be NaN.
 """
 
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import torch
 
-from .kl import MAX_LOG_RATIO
+from .kl import clamped_exp
 
 AGGREGATION_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def importance_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor) -> torch.Tensor:
     """``exp(log_probs - old_log_probs)`` with the log-ratio clamped, so ratio and gradient stay finite."""
-    return torch.exp((log_probs - old_log_probs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    return clamped_exp(log_probs - old_log_probs)
 
 
 def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float,
@@ -75,8 +75,7 @@ def gspo_policy_loss(
     lengths = mask.sum(-1).clamp(min=1)
     sequence_log_ratio = ((log_probs - old_log_probs) * mask).sum(-1) / lengths
     token_log_ratio = log_probs - log_probs.detach() + sequence_log_ratio.detach()[:, None]
-    ratio = importance_ratio(token_log_ratio, torch.zeros_like(token_log_ratio))
-    loss, was_clipped = clipped_surrogate(ratio, advantages, gspo_clip_low, gspo_clip_high)
+    loss, was_clipped = clipped_surrogate(clamped_exp(token_log_ratio), advantages, gspo_clip_low, gspo_clip_high)
     return loss * mask, policy_metrics(was_clipped, log_probs, old_log_probs, mask)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .kl import MAX_LOG_RATIO
+from .kl import clamped_exp
 
 LEVELS = ("", "token", "sequence")  # "" turns the correction off
 
@@ -36,8 +36,7 @@ def rollout_correction(
     log_ratio = ((train_log_probs - rollout_log_probs) * mask).detach()
 
     def ratio(level: str) -> torch.Tensor:
-        per_level = log_ratio if level == "token" else log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)
-        return torch.exp(per_level.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+        return clamped_exp(log_ratio if level == "token" else log_ratio.sum(-1, keepdim=True).expand_as(log_ratio))
 
     weights = torch.ones_like(log_ratio)
     capped = masked = torch.zeros_like(log_ratio, dtype=torch.bool)
@@ -49,6 +48,7 @@ def rollout_correction(
         level_ratio = ratio(mask_level)
         masked = (level_ratio < mask_low) | (level_ratio > mask_high)
         weights = torch.where(masked, torch.zeros_like(weights), weights)
-    metrics = {"mismatch": log_ratio.abs(), "is_weight": weights * mask, "is_capped": capped.to(mask.dtype) * mask,
+    weights = weights * mask
+    metrics = {"mismatch": log_ratio.abs(), "is_weight": weights, "is_capped": capped.to(mask.dtype) * mask,
                "is_masked": masked.to(mask.dtype) * mask}
-    return weights * mask, metrics
+    return weights, metrics
