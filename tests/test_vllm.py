@@ -7,12 +7,14 @@ after every actor update the weights vLLM generates with are the trainer's, for 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
 
-from hybridflow_lab.config import EngineConfig
+from hybridflow_lab.config import ConfigError, EngineConfig, LabConfig, load_config, validate
 from hybridflow_lab.controller import ResourcePool
+from hybridflow_lab.demos.rl_demo import DEMO_TASKS, rl_lab, warm_start
 from hybridflow_lab.engines import SamplingParams
 from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.torch_rollout import TorchRollout
@@ -141,21 +143,25 @@ def test_an_engine_weight_that_differs_from_the_trainers_fails_naming_it(engine,
 
 
 # ---------------------------------------------------------------- the actor on Ray ranks, each training engine
-def vllm_config(model_dir: str, backend: str, stage: int = 2, tensor_parallel: int = 1):
+def vllm_config(model_dir: str, backend: str, stage: int = 2, tensor_parallel: int = 1, vllm_tp: int = 1):
     config = lab_config(model_dir, engine=backend, stage=stage)
     actor = dataclasses.replace(config.actor, engine=EngineConfig(backend=backend, zero_stage=stage,
                                                                   tensor_parallel=tensor_parallel))
-    return dataclasses.replace(config, actor=actor, rollout=dataclasses.replace(config.rollout, engine="vllm"))
+    rollout = dataclasses.replace(config.rollout, engine="vllm", tensor_parallel=vllm_tp)
+    return dataclasses.replace(config, actor=actor, rollout=rollout)
 
 
-@pytest.mark.parametrize(("backend", "stage", "tensor_parallel"),
-                         [("deepspeed", 2, 1), ("deepspeed", 3, 1), ("fsdp", 0, 1), ("torch", 0, 2)],
-                         ids=["zero2", "zero3", "fsdp2", "torch-tp2"])
-def test_every_training_engine_feeds_vllm_on_two_ranks(ray_cluster, model_dir, backend, stage, tensor_parallel):
+@pytest.mark.parametrize(("backend", "stage", "tensor_parallel", "vllm_tp"),
+                         [("deepspeed", 2, 1, 1), ("deepspeed", 3, 1, 1), ("fsdp", 0, 1, 1), ("torch", 0, 2, 1),
+                          ("deepspeed", 3, 1, 2)],
+                         ids=["zero2", "zero3", "fsdp2", "torch-tp2", "zero3-vllm-tp2"])
+def test_every_training_engine_feeds_vllm_on_two_ranks(ray_cluster, model_dir, backend, stage, tensor_parallel,
+                                                       vllm_tp):
     """Generate with vLLM, update, generate again: log-probs agree with the trainer's before and after the
-    update (the sync reached vLLM), and every sync is a verified ``weight_sync`` span with all tensors."""
-    actor = actor_group(vllm_config(model_dir, backend, stage, tensor_parallel), ResourcePool(2),
-                        name=f"vllm-actor-{backend}-{stage}-{tensor_parallel}")
+    update (the sync reached vLLM), and every sync is a verified ``weight_sync`` span with all tensors. With
+    ``vllm_tp`` 2 one vLLM engine runs tensor-parallel over both actor ranks (vLLM's external launcher)."""
+    actor = actor_group(vllm_config(model_dir, backend, stage, tensor_parallel, vllm_tp), ResourcePool(2),
+                        name=f"vllm-actor-{backend}-{stage}-{tensor_parallel}-{vllm_tp}")
     try:
         check_actor_round(actor)
         spans = [s for s in actor.telemetry.spans(group=actor.name) if s.name == "weight_sync"]
@@ -165,3 +171,60 @@ def test_every_training_engine_feeds_vllm_on_two_ranks(ray_cluster, model_dir, b
     assert sorted(s.rank for s in spans) == [0, 1]  # one sync per rank: after the update, before regenerating
     assert all(s.phase is Phase.TRANSFER and s.attrs["tensors"] == tensors and "check_seconds" in s.attrs
                for s in spans)
+
+
+# ---------------------------------------------------------------- RL with vLLM generating, against the built-in engine
+RL_STEPS = 40
+
+
+@pytest.mark.slow
+def test_grpo_and_ppo_learn_with_vllm_as_with_the_built_in_engine(ray_cluster, tmp_path):
+    """From one warm start, each algorithm's held-out accuracy gain with vLLM generating is the built-in engine's
+    within sampling noise, and the training/rollout mismatch is reported at every step."""
+    demo = DEMO_TASKS["sorting"]
+    warm_start(tmp_path, demo, seed=0)
+    gains, mismatch = {}, {}
+    for algorithm, extra in (("grpo", ()), ("ppo", ("critic.optim.lr=1e-4",))):
+        for engine in ("torch", "vllm"):
+            lab = rl_lab(tmp_path, demo, 0, RL_STEPS, f"{algorithm}-{engine}", "trainer.progress=false",
+                         f"algorithm.name={algorithm}", f"rollout.engine={engine}", *extra)
+            try:
+                before = lab.evaluate()["eval/accuracy"]
+                history = lab.run()
+                gains[algorithm, engine] = lab.evaluate()["eval/accuracy"] - before
+            finally:
+                lab.shutdown()
+            assert all("actor/rollout_mismatch" in step for step in history)
+            mismatch[algorithm, engine] = max(step["actor/rollout_mismatch_max"] for step in history)
+    print({f"{a}/{e}": round(100 * g, 1) for (a, e), g in gains.items()}, mismatch)
+    for algorithm in ("grpo", "ppo"):
+        assert gains[algorithm, "vllm"] > 0.10, gains
+        assert abs(gains[algorithm, "vllm"] - gains[algorithm, "torch"]) < 0.12, gains
+        assert mismatch[algorithm, "vllm"] < 1e-3, mismatch  # fp32: vLLM's log-probs are the trainer's
+
+
+# ---------------------------------------------------------------- settings vLLM cannot run, refused before start
+def vllm_overrides(model_dir: str, *extra: str) -> list[str]:
+    return [f"actor.model_path={model_dir}", "rollout.engine=vllm", *extra]
+
+
+def test_a_model_vllm_cannot_load_is_refused_before_start(tmp_path):
+    path = create_model_dir(tmp_path / "m", "tiny", "qwen2")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen2ForTinyToyLM"]}))
+    with pytest.raises(ConfigError, match="vLLM cannot load Qwen2ForTinyToyLM") as info:
+        validate(load_config(LabConfig, overrides=vllm_overrides(str(path))))
+    assert info.value.key == "actor.model_path"
+
+
+@pytest.mark.parametrize(("extra", "key", "message"), [
+    (("rollout.kv_cache_gib=4096",), "rollout.kv_cache_gib", r"2 vLLM engines x 4096 GiB of KV cache is more than 50% "
+                                                             r"of the .* GiB this machine has free; use at most"),
+    (("actor.ranks=4", "critic.ranks=4", "rollout.tensor_parallel=2"), "rollout.tensor_parallel",
+     r"one engine tensor-parallel over all 4 actor ranks \(4\); 2 would need vLLM's data parallel"),
+])
+def test_vllm_settings_this_machine_cannot_run_fail_before_start(model_dir, extra, key, message):
+    config = load_config(LabConfig, overrides=vllm_overrides(model_dir, "actor.ranks=2", *extra))
+    with pytest.raises(ConfigError, match=message) as info:
+        validate(config)
+    assert info.value.key == key

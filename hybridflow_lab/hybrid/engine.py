@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from hybridflow_lab.config import LabConfig
+from hybridflow_lab.controller.mesh import Mesh
 from hybridflow_lab.engines.train_base import TrainEngine
 from hybridflow_lab.hybrid.layout import HybridLayout
 from hybridflow_lab.hybrid.reshard import Groups, Resharder, TransitionStats
@@ -37,9 +38,23 @@ WeightSink = Callable[[Iterable[tuple[str, torch.Tensor]]], Mapping[str, Any]]
 
 def actor_layout(config: LabConfig) -> HybridLayout:
     """The actor's training (TP ``actor.engine.tensor_parallel``) and generation (TP ``rollout.tensor_parallel``)
-    layouts over its ``actor.ranks``."""
+    layouts over its ``actor.ranks``. vLLM is fed full weights and shards them itself: its layout has ``tg`` 1."""
     t = config.actor.engine.tensor_parallel
-    return HybridLayout(t=t, tg=config.rollout.tensor_parallel, d=config.actor.ranks // t)
+    tg = 1 if config.rollout.engine == "vllm" else config.rollout.tensor_parallel
+    return HybridLayout(t=t, tg=tg, d=config.actor.ranks // t)
+
+
+def actor_meshes(config: LabConfig) -> dict[str, Mesh]:
+    """The named meshes the actor's worker group needs (``train``, ``generate``, ``regroup``).
+
+    vLLM's tensor parallelism across the actor's ranks (its external launcher) groups consecutive ranks,
+    so with vLLM the generation mesh is ``ranks / tg`` replicas of ``tg`` consecutive ranks.
+    """
+    meshes = actor_layout(config).meshes()
+    if config.rollout.engine == "vllm":
+        tg = config.rollout.tensor_parallel
+        meshes["generate"] = Mesh.of(dp=config.actor.ranks // tg, tp=tg)
+    return meshes
 
 
 def weights_whole(config: LabConfig) -> bool:

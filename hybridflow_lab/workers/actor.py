@@ -21,7 +21,7 @@ from hybridflow_lab.controller.mesh import Mesh
 from hybridflow_lab.engines import SamplingParams
 from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.torch_rollout import TorchRollout
-from hybridflow_lab.hybrid.engine import HybridEngine, actor_layout
+from hybridflow_lab.hybrid.engine import HybridEngine, actor_layout, actor_meshes
 from hybridflow_lab.hybrid.reshard import process_groups
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.models.decoder import shard_model
@@ -42,16 +42,17 @@ def sampling_params(config: LabConfig, **overrides: object) -> SamplingParams:
     return SamplingParams(**{**values, **overrides})
 
 
-def vllm_settings(config: LabConfig, rank: int) -> VllmSettings:
+def vllm_settings(config: LabConfig, replica: int) -> VllmSettings:
     """The vLLM engine for this actor: the training dtype unless ``rollout.dtype`` names one, a context of
-    the prompt and response budgets, a seed per rank (replicas sample different tokens)."""
+    the prompt and response budgets, a seed per generation replica (the ranks of one vLLM TP group sample
+    the same tokens, replicas different ones)."""
     from hybridflow_lab.engines.vllm_rollout import VllmSettings
 
     rollout = config.rollout
     dtype = rollout.dtype or ("bfloat16" if config.actor.engine.bf16 else "float32")
     return VllmSettings(dtype=getattr(torch, dtype), max_model_len=rollout.max_prompt_tokens + rollout.max_new_tokens,
                         tensor_parallel=rollout.tensor_parallel, gpu_memory_utilization=rollout.gpu_memory_utilization,
-                        kv_cache_gib=rollout.kv_cache_gib, seed=config.seed + rank,
+                        kv_cache_gib=rollout.kv_cache_gib, seed=config.seed + replica,
                         verify_sync=rollout.verify_weight_sync)
 
 
@@ -65,7 +66,7 @@ class ActorWorker(TrainedRole):
     @staticmethod
     def meshes(config: LabConfig) -> dict[str, Mesh]:
         """The named meshes the actor's worker group needs (``train``, ``generate``, ``regroup``)."""
-        return actor_layout(config).meshes()
+        return actor_meshes(config)
 
     def __init__(self, config: LabConfig) -> None:
         torch.manual_seed(config.seed)
@@ -82,7 +83,8 @@ class ActorWorker(TrainedRole):
         if config.rollout.engine == "vllm":
             from hybridflow_lab.engines.vllm_rollout import VllmRollout
 
-            self.rollout = VllmRollout(path, params, eos, pad, vllm_settings(config, self.rank))
+            replica = self.mesh_coords("generate")["dp"]
+            self.rollout = VllmRollout(path, params, eos, pad, vllm_settings(config, replica))
             self.hybrid = self._hybrid_engine(self.rollout.update_weights)
         else:
             self.hybrid = self._hybrid_engine(None)
