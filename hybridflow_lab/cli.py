@@ -20,7 +20,7 @@ def _demo(args: argparse.Namespace) -> None:
         from hybridflow_lab.demos import rl_demo
 
         rl_demo.main(run_dir=args.run_dir, task=args.task, sft_steps=args.sft_steps, rl_steps=args.rl_steps,
-                     seed=args.seed)
+                     seed=args.seed, rollout_engine=args.rollout_engine)
 
 
 def _lab(args: argparse.Namespace, resume: bool) -> Any:
@@ -171,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--sft-steps", type=int, default=None, help="rl demo: at most this many SFT steps "
                       "(default: the task's own budget)")
     demo.add_argument("--rl-steps", type=int, default=300)
+    demo.add_argument("--rollout-engine", choices=["torch", "vllm"], default="torch",
+                      help="rl demo: generate with the built-in engine or vLLM (from .venv-vllm: make demo-vllm)")
     demo.set_defaults(run=_demo)
 
     for name, handler, text in (("train", _train, "run an RL job from a config or preset"),

@@ -143,6 +143,27 @@ def test_an_engine_weight_that_differs_from_the_trainers_fails_naming_it(engine,
     assert info.value.tensor == tensor
 
 
+def test_a_bf16_engine_generates_like_the_built_in_one_and_its_syncs_are_checked(model_dir):
+    """rollout.dtype=bfloat16 under an fp32 trainer: vLLM's greedy tokens are the built-in engine's on the same
+    bf16 weights; the check compares with the trainer's weights cast to bf16, so a correct sync passes and a
+    stale packed matrix (the kernel-computed fingerprint, looser in bf16) is named."""
+    engine = VllmRollout(model_dir, SamplingParams(max_new_tokens=NEW_TOKENS), TOKENIZER.eos_token_id,
+                         TOKENIZER.pad_token_id, VllmSettings(dtype=torch.bfloat16, max_model_len=8 + NEW_TOKENS))
+    model = load_causal_lm(model_dir)
+    expected = perturbed(model)
+    engine.update_weights(expected.items())
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, greedy=True)
+    ours, theirs = built_in(model.to(torch.bfloat16).eval(), params), generated(engine, params)
+    assert torch.equal(theirs["responses"], ours["responses"])
+    torch.testing.assert_close(theirs["rollout_log_probs"], ours["rollout_log_probs"], rtol=0, atol=2e-2)
+    stale = "model.layers.0.mlp.down_proj.weight"
+    state = dict(expected, **{stale: load_causal_lm(model_dir).state_dict()[stale]})
+    engine.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())})
+    with pytest.raises(WeightSyncError, match="fingerprints differ") as info:
+        engine.check_weights(fingerprints(expected, torch.bfloat16))
+    assert info.value.tensor == stale
+
+
 # ---------------------------------------------------------------- the actor on Ray ranks, each training engine
 def vllm_config(model_dir: str, backend: str, stage: int = 2, tensor_parallel: int = 1, vllm_tp: int = 1):
     config = lab_config(model_dir, engine=backend, stage=stage)

@@ -67,19 +67,21 @@ def rl_lab(root: Path, demo: DemoTask, seed: int, steps: int, run: str = "grpo",
 
 
 def main(run_dir: str = "runs/demo", task: str = "sorting", sft_steps: int | None = None, rl_steps: int = 300,
-         seed: int = 0) -> dict[str, object]:
+         seed: int = 0, rollout_engine: str = "torch") -> dict[str, object]:
     """Run the demo on ``DEMO_TASKS[task]`` with ``seed`` (the model's initialisation, SFT and RL); ``sft_steps``
-    caps the task's own supervised budget."""
+    caps the task's own supervised budget; ``rollout_engine`` generates (``torch`` built-in, or ``vllm``)."""
     demo = DEMO_TASKS[task]
     start = time.perf_counter()
     root = Path(run_dir)
     print(f"[demo] supervised warm start on {demo.description} (seed {seed})", flush=True)
     warm = warm_start(root, demo, seed, sft_steps)
     quiet_ray()
-    lab = rl_lab(root, demo, seed, rl_steps)
+    lab = rl_lab(root, demo, seed, rl_steps, "grpo", f"rollout.engine={rollout_engine}")
     before = lab.evaluate()["eval/accuracy"]
+    engines = f"{lab.config.actor.engine.backend} training, {'vLLM' if rollout_engine == 'vllm' else 'built-in'} " \
+              "generation"
     print(f"[demo] after {warm['sft/steps']} SFT steps (loss {warm['sft/final_loss']:.3f}): held-out accuracy "
-          f"{before:.3f}; GRPO for {rl_steps} steps on {lab.config.actor.ranks} Ray ranks", flush=True)
+          f"{before:.3f}; GRPO for {rl_steps} steps on {lab.config.actor.ranks} Ray ranks ({engines})", flush=True)
     history = lab.run()
     lab.save()
     after = lab.evaluate()["eval/accuracy"]
