@@ -42,7 +42,7 @@ class RoleConfig:
 
 @dataclass
 class RolloutConfig:
-    """Generation: sampling and the engine (``torch`` built-in, or ``vllm`` on GPU)."""
+    """Generation: sampling and the engine (``torch`` built-in, or ``vllm``: docs/vllm.md)."""
 
     engine: str = "torch"
     max_prompt_tokens: int = 32
@@ -52,7 +52,7 @@ class RolloutConfig:
     top_k: int = 0
     ignore_eos: bool = False  # always generate max_new_tokens (benchmarks)
     pad_prompts: bool = False  # left-pad every prompt to max_prompt_tokens (fixed shapes, benchmarks)
-    tensor_parallel: int = 1  # generation TP size (the paper's tg); divides actor.engine.tensor_parallel
+    tensor_parallel: int = 1  # generation TP (tg): divides actor.engine.tensor_parallel; vllm: 1 or actor.ranks
     reshard: str = "hybridflow"  # training -> generation transition: hybridflow | hybridflow_v | ds_chat
     gpu_memory_utilization: float = 0.5  # vllm on CUDA: its share of the GPU (weights and KV cache)
     kv_cache_gib: int = 1  # vllm on CPU: GiB of RAM each rank's engine reserves for its KV cache
