@@ -131,6 +131,13 @@ def test_a_sync_that_skips_a_tensor_fails_naming_it(engine, model):
     assert info.value.tensor == skipped
 
 
+def test_a_trainer_tensor_the_engine_lacks_is_named(engine, model):
+    expected = fingerprints(model.state_dict(), torch.float32)
+    with pytest.raises(WeightSyncError, match="the engine has no such tensor") as info:
+        engine.check_weights({**expected, "model.layers.9.mlp.up_proj.weight": torch.ones(4)})
+    assert info.value.tensor == "model.layers.9.mlp.up_proj.weight"
+
+
 @pytest.mark.parametrize("tensor", ["model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.k_proj.bias",
                                     "model.norm.weight", "lm_head.weight"])
 def test_an_engine_weight_that_differs_from_the_trainers_fails_naming_it(engine, model, model_dir, tensor):
