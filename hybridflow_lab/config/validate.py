@@ -273,7 +273,7 @@ def _check_vllm(config: LabConfig, model: PretrainedConfig) -> None:
     if not torch.cuda.is_available():
         import psutil
 
-        ranks, free = config.actor.ranks, psutil.virtual_memory().available / 2**30
+        free = psutil.virtual_memory().available / 2**30
         if rollout.kv_cache_gib * ranks > KV_CACHE_SHARE * free:
             raise ConfigError("rollout.kv_cache_gib", f"{ranks} vLLM engines x {rollout.kv_cache_gib} GiB of KV "
                               f"cache is more than {KV_CACHE_SHARE:.0%} of the {free:.1f} GiB this machine has free; "
