@@ -6,6 +6,7 @@ after every actor update the weights vLLM generates with are the trainer's, for 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -76,8 +77,8 @@ def test_the_eos_token_stops_a_response_and_is_kept(engine, model):
     """vLLM has no tokenizer here: EOS must reach it as a stop token, and the response keeps it (mask 1)."""
     params = SamplingParams(max_new_tokens=NEW_TOKENS, greedy=True)
     eos = int(built_in(model, params)["responses"][0, 3])  # a token greedy decoding emits early in row 0
-    stopping = VllmRollout.__new__(VllmRollout)
-    stopping.__dict__.update(engine.__dict__, eos_token_id=eos)
+    stopping = copy.copy(engine)  # the same vLLM engine, another EOS id
+    stopping.eos_token_id = eos
     ours, theirs = built_in(model, params, eos), generated(stopping, params)
     length = int(theirs["response_mask"][0].sum())
     assert length <= 4 and theirs["responses"][0, length - 1] == eos
@@ -116,7 +117,7 @@ def test_a_synced_engine_generates_with_the_new_weights(engine, model):
     params = SamplingParams(max_new_tokens=NEW_TOKENS, greedy=True)
     before = generated(engine, params)
     stats = engine.update_weights(perturbed(model).items())
-    assert stats["tensors"] == len(model.state_dict()) and stats["bytes_moved"] == sum(
+    assert stats["tensors"] == len(model.state_dict()) and stats["copied_bytes"] == sum(
         t.numel() * t.element_size() for t in model.state_dict().values())
     ours, theirs = built_in(model, params), generated(engine, params)
     assert torch.equal(theirs["responses"], ours["responses"])

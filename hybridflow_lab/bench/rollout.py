@@ -32,13 +32,10 @@ def arithmetic_prompts(count: int, length: int) -> list[str]:
     return [f"{(i * 37) % 1000}+{(i * 91 + 5) % 1000}=".rjust(length) for i in range(count)]
 
 
-def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def seconds(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def vllm_row(path: Path, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams, greedy: torch.Tensor,
@@ -51,9 +48,9 @@ def vllm_row(path: Path, ids: torch.Tensor, mask: torch.Tensor, params: Sampling
                          VllmSettings(dtype=torch.float32, max_model_len=ids.shape[1] + params.max_new_tokens))
     init_s = time.perf_counter() - start
     engine.generate(ids, mask)  # warm-up
-    seconds = median_seconds(lambda: engine.generate(ids, mask), repeats)
+    median = statistics.median(seconds(lambda: engine.generate(ids, mask)) for _ in range(repeats))
     theirs = engine.generate(ids, mask, replace(params, greedy=True))["responses"]
-    return {"tok_s": round(ids.shape[0] * params.max_new_tokens / seconds, 1),
+    return {"tok_s": round(ids.shape[0] * params.max_new_tokens / median, 1),
             "greedy_match": round(float((theirs == greedy).all(-1).float().mean()), 4), "init_s": round(init_s, 1)}
 
 
@@ -82,10 +79,9 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
         times: dict[str, list[float]] = {"torch": [], "hf": []}
         for _ in range(repeats):
             for name, fn in (("torch", ours_run), ("hf", hf_run)):
-                times[name].append(median_seconds(fn, 1))
-        tokens = prompts * new_tokens
-        engines: dict[str, Any] = {name: {"tok_s": round(tokens / statistics.median(t), 1)}
-                                   for name, t in times.items()}
+                times[name].append(seconds(fn))
+        medians = {name: statistics.median(t) for name, t in times.items()}
+        engines: dict[str, Any] = {name: {"tok_s": round(prompts * new_tokens / s, 1)} for name, s in medians.items()}
         threads = torch.get_num_threads()
         if importlib.util.find_spec("vllm") is None:
             engines["vllm"] = {"skipped": "vllm is not installed here; run from .venv-vllm (make vllm-env)"}
@@ -95,5 +91,5 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
     return {
         "bench": "rollout", "model": size, "parameters": describe(ours)["parameters"], "prompts": prompts,
         "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "threads": threads, "engines": engines,
-        "hf_over_torch_seconds": round(engines["torch"]["tok_s"] / engines["hf"]["tok_s"], 3),
+        "hf_over_torch_seconds": round(medians["hf"] / medians["torch"], 3),
     }

@@ -240,7 +240,7 @@ class VllmRollout:
         """Load new weights in place (HF names), drop cached prefixes, then verify every tensor arrived.
 
         ``weights`` may be a stream (a ZeRO-3 engine gathers them layer by layer). Returns the sync's
-        numbers: ``tensors``, ``bytes_moved``, ``largest_tensor_bytes``, ``seconds``, and ``check_seconds``
+        numbers: ``tensors``, ``copied_bytes``, ``largest_tensor_bytes``, ``seconds``, and ``check_seconds``
         when verified.
         """
         expected: dict[str, torch.Tensor] = {}
@@ -259,7 +259,7 @@ class VllmRollout:
         start = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
         self.llm.reset_prefix_cache()
-        stats: dict[str, Any] = {"tensors": len(expected), "bytes_moved": moved, "largest_tensor_bytes": largest,
+        stats: dict[str, Any] = {"tensors": len(expected), "copied_bytes": moved, "largest_tensor_bytes": largest,
                                  "seconds": round(time.perf_counter() - start, 6)}
         if self.settings.verify_sync:
             start = time.perf_counter()

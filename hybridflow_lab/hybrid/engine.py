@@ -116,9 +116,9 @@ class HybridEngine:
         if self.load_copy is None or not self.stale:
             return
         with self.span("weight_sync", phase=Phase.TRANSFER) as attrs:
-            stats = dict(self.load_copy(self.engine.full_weights()))
-            full = stats.pop("bytes_moved")
-            attrs.update(stats, bytes_moved=full - full // self.gather_ways, copied_bytes=full)
+            stats = self.load_copy(self.engine.full_weights())
+            full = stats["copied_bytes"]
+            attrs.update(stats, bytes_moved=full - full // self.gather_ways)
         self.stale = False
 
 
@@ -128,7 +128,7 @@ def state_dict_sink(model: torch.nn.Module) -> WeightSink:
     def load(weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
         state = dict(weights)
         model.load_state_dict(state)
-        return {"tensors": len(state), "bytes_moved": sum(t.numel() * t.element_size() for t in state.values())}
+        return {"tensors": len(state), "copied_bytes": sum(t.numel() * t.element_size() for t in state.values())}
 
     return load
 
