@@ -18,11 +18,11 @@ class EngineProbe(TrainedRole):
     trained role does."""
 
     def __init__(self, model_dir: str, backend: str, zero_stage: int = 2, micro_batches: int = 2,
-                 offload: bool = False) -> None:
+                 offload: bool = False, bf16: bool = False) -> None:
         torch.manual_seed(0)
         self.engine = build_train_engine(backend, load_causal_lm(model_dir), OptimConfig(lr=1e-2, grad_clip=1.0),
                                          zero_stage=zero_stage, micro_batches_per_step=micro_batches,
-                                         offload=offload)
+                                         offload=offload, bf16=bf16, device=self.device)
         self.micro_batches = micro_batches
 
     @register(Dispatch.DP_COMPUTE)

@@ -5,30 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow_lab import DataBatch
 from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup
 from hybridflow_lab.engines.train_base import OptimConfig, build_optimizer, build_scheduler
 from hybridflow_lab.models import create_model_dir
+from hybridflow_lab.smoke.checks import sequences
 from tests.engine_workers import EngineProbe
 
 ENGINES = [("torch", 0), ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3), ("fsdp", 0)]
 WITH_OFFLOAD = [(*engine, False) for engine in ENGINES] + [("deepspeed", 2, True), ("deepspeed", 3, True)]
-
-
-def sequences(rows: int = 8, prompt: int = 6, response: int = 10, seed: int = 0) -> DataBatch:
-    """Left-padded prompts and right-padded responses of different lengths."""
-    g = torch.Generator().manual_seed(seed)
-    prompts = torch.randint(4, 90, (rows, prompt), generator=g)
-    responses = torch.randint(4, 90, (rows, response), generator=g)
-    prompt_mask = torch.ones(rows, prompt, dtype=torch.long)
-    response_mask = torch.ones(rows, response, dtype=torch.long)
-    prompt_mask[2, :2] = 0
-    response_mask[1, 6:] = 0
-    response_mask[5, 3:] = 0
-    mask = torch.cat([prompt_mask, response_mask], 1)
-    return DataBatch({"input_ids": torch.cat([prompts, responses], 1), "attention_mask": mask,
-                      "position_ids": (mask.cumsum(-1) - 1).clamp(min=0), "responses": responses,
-                      "response_mask": response_mask})
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +85,20 @@ def test_deepspeed_stops_a_step_whose_gradient_norm_is_not_finite_before_the_wei
     group.train(sequences(), steps=1)  # DeepSpeed dropped the step cleanly: the next one applies
     assert not all(torch.equal(group.weights()[0][name], value) for name, value in before.items())
     group.shutdown()
+
+
+def test_the_torch_engine_honours_bf16_with_autocast_over_float32_weights(model_dir, reference):
+    """bf16 used to be dropped silently by the torch engine: its losses were the float32 ones, bit for bit."""
+    group = WorkerGroup(Role(EngineProbe, model_dir, "torch", micro_batches=4, bf16=True), backend="local")
+    losses = group.train(sequences(), steps=3).meta["losses"]
+    weights = group.weights()[0]
+    group.shutdown()
+    expected_losses, expected_weights = reference
+    assert losses != expected_losses  # the forward ran in bfloat16
+    assert losses == pytest.approx(expected_losses, rel=2e-2)
+    assert {w.dtype for w in weights.values()} == {torch.float32}  # master weights stay float32
+    for name, weight in weights.items():
+        torch.testing.assert_close(weight, expected_weights[name], rtol=0, atol=5e-2)
 
 
 def test_schedule_warms_up_then_decays():

@@ -103,3 +103,39 @@ def test_rollout_log_probs_are_those_of_the_truncated_distribution_tokens_were_d
     assert (batch["rollout_log_probs"] > full).all()  # the renormalised top 3 give every drawn token more mass
     greedy_like = SamplingParams(max_new_tokens=8, top_k=1, seed=5, ignore_eos=True)
     assert (run(model, greedy_like)["log_probs"] == 0).all()  # a single candidate is drawn with probability 1
+
+
+def test_log_probs_and_entropies_are_computed_a_chunk_of_positions_at_a_time(monkeypatch):
+    """A 150k vocabulary's float32 scores for every position would not fit beside bf16 logits: the maths runs
+    over chunks of positions and gives what one pass over all of them gives."""
+    from hybridflow_lab.engines import sampling
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 7, 50, generator=g).bfloat16()
+    tokens = torch.randint(0, 50, (3, 7), generator=g)
+    scaled = logits.float() / 0.7
+    expected = scaled.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
+    whole_entropy = -(scaled.log_softmax(-1).exp() * scaled.log_softmax(-1)).sum(-1)
+    monkeypatch.setattr(sampling, "POSITIONS_PER_CHUNK", 4)  # 21 positions: 6 chunks, the last one short
+    torch.testing.assert_close(sampling.log_probs_from_logits(logits, tokens, 0.7), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sampling.entropy_from_logits(logits, 0.7), whole_entropy, rtol=1e-5, atol=1e-5)
+    assert sampling.log_probs_from_logits(logits, tokens, 0.7).dtype == torch.float32
+
+
+def test_a_generation_copy_takes_a_weight_stream_tensor_by_tensor_and_names_what_is_missing(model_dir):
+    from hybridflow_lab.hybrid.engine import state_dict_sink
+
+    source = load_causal_lm(model_dir)
+    copy = load_causal_lm(  # other weights to start from
+        create_model_dir(model_dir.parent / "other", "tiny", "qwen2", seed=8))
+    sink = state_dict_sink(copy)
+    stats = sink((name, tensor.bfloat16()) for name, tensor in source.state_dict().items())  # cast on the way
+    assert stats["tensors"] == len(source.state_dict())
+    for name, tensor in copy.state_dict().items():
+        assert tensor.dtype == torch.float32
+        torch.testing.assert_close(tensor, source.state_dict()[name].bfloat16().float())
+    weights = list(source.state_dict().items())
+    with pytest.raises(KeyError, match=rf"did not send 1 tensor.*{weights[-1][0]}"):
+        sink(weights[:-1])
+    with pytest.raises(KeyError, match="'lm_head.bias', which the generation model does not have"):
+        sink([("lm_head.bias", torch.zeros(3))])

@@ -122,6 +122,8 @@ def test_a_synced_engine_generates_with_the_new_weights(engine, model):
     ours, theirs = built_in(model, params), generated(engine, params)
     assert torch.equal(theirs["responses"], ours["responses"])
     assert not torch.equal(theirs["responses"], before["responses"])
+    # the CPU backend has no sleep mode, so nothing sleeps or wakes; the load comes before the generation
+    assert list(engine.transitions)[-3:] == ["generate", "load_weights", "generate"]
 
 
 def test_a_sync_that_skips_a_tensor_fails_naming_it(engine, model):

@@ -178,6 +178,7 @@ class LabConfig:
     """Everything a run needs. ``actor.model_path`` is the policy (and the reference policy)."""
 
     backend: str = "ray"  # or "local": every role in this process, one rank each
+    device: str = "auto"  # cpu | cuda (one GPU per rank) | auto: cuda where the cluster has GPUs, else cpu
     seed: int = 0
     actor: RoleConfig = field(default_factory=lambda: RoleConfig(ranks=2))
     critic: RoleConfig = field(default_factory=lambda: RoleConfig(ranks=2, optim=OptimConfig(lr=1e-5)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable, Iterable
 from functools import reduce
 from pathlib import Path
@@ -20,6 +21,7 @@ from hybridflow_lab.models.factory import load_config
 from hybridflow_lab.models.tensor_parallel import check_shardable
 from hybridflow_lab.models.tokenizers import load_tokenizer
 
+DEVICES = ("auto", "cpu", "cuda")
 ROLLOUT_ENGINES = ("torch", "vllm")
 VLLM_DTYPES = ("", "float32", "bfloat16", "float16")
 KV_CACHE_SHARE = 0.5  # of the free RAM, for all of a machine's vLLM KV caches: weights and training need the rest
@@ -132,6 +134,7 @@ def validate(config: LabConfig, roles: tuple[str, ...] = ("actor", "critic")) ->
     for name in roles:
         _check_role(config, name, getattr(config, name))
     _check_pools(config, roles)
+    _check_device(config, roles)
     _check_rollout(config)
     _check_vocabulary(config, roles)
 
@@ -229,6 +232,50 @@ def _check_pools(config: LabConfig, roles: tuple[str, ...]) -> None:
                 f"{role.pool!r}; colocated roles need the same ranks: set {name}.ranks={other_ranks}, or "
                 f"{name}.pool={name} to give it its own devices",
             )
+
+
+def visible_gpus(backend: str) -> int | None:
+    """GPUs the run's ranks can be placed on: the joined Ray cluster's, else this machine's (None: not known
+    before joining the cluster ``HYBRIDFLOW_RAY_ADDRESS`` names)."""
+    import ray
+
+    from hybridflow_lab.controller.cluster import ADDRESS_ENV
+
+    if backend == "ray" and ray.is_initialized():
+        return int(ray.cluster_resources().get("GPU", 0))
+    if backend == "ray" and os.environ.get(ADDRESS_ENV):
+        return None
+    return torch.cuda.device_count()
+
+
+def resolve_device(config: LabConfig) -> str:
+    """``device``, with ``auto`` made ``cuda`` when there are GPUs for the ranks and ``cpu`` otherwise."""
+    if config.device != "auto":
+        return config.device
+    return "cuda" if visible_gpus(config.backend) else "cpu"
+
+
+def _check_device(config: LabConfig, roles: tuple[str, ...]) -> None:
+    """GPUs asked for exist, one per rank of every pool, and support the training dtype."""
+    if config.device not in DEVICES:
+        raise ConfigError("device", f"{config.device!r} is not one of {DEVICES}")
+    if resolve_device(config) != "cuda":
+        return
+    gpus = visible_gpus(config.backend)
+    slots = config.pool_slots(roles)
+    if gpus == 0:
+        raise ConfigError("device", f"cuda asks for GPUs but torch {torch.__version__} (CUDA build: "
+                          f"{torch.version.cuda or 'none'}) sees none here; use device=cpu (or auto), or run on a "
+                          "machine with GPUs and a CUDA build of torch")
+    if gpus is not None and sum(slots.values()) > gpus:
+        needed = " + ".join(f"{pool} {n}" for pool, n in slots.items())
+        raise ConfigError(f"{roles[0]}.ranks", f"the pools need one GPU per rank ({needed}) but {gpus} exist; use "
+                          "fewer ranks, or colocate roles on one pool (critic.pool=main)")
+    if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        for name in roles:
+            if getattr(config, name).engine.bf16:
+                raise ConfigError(f"{name}.engine.bf16", f"{torch.cuda.get_device_name()} has no bfloat16; set "
+                                  f"{name}.engine.bf16=false")
 
 
 def _check_rollout(config: LabConfig) -> None:

@@ -20,9 +20,10 @@ import ray
 import torch
 import torch.distributed as dist
 
+from hybridflow_lab.controller.devices import rank_device
 from hybridflow_lab.controller.errors import WorkerCallError
 from hybridflow_lab.controller.futures import RemoteRows
-from hybridflow_lab.controller.memory import memory_report
+from hybridflow_lab.controller.memory import PhaseMemory, memory_report
 from hybridflow_lab.controller.mesh import Mesh
 from hybridflow_lab.controller.worker import Worker, WorkerContext
 from hybridflow_lab.protocol import DataBatch, payload_nbytes
@@ -54,7 +55,7 @@ class RankInfo:
     local_world_size: int
     backend: str
     meshes: dict[str, Mesh]
-    use_gpu: bool = False
+    device: str = "cpu"  # "cpu", "cuda" (the rank's GPU) or "cuda:<i>" (the local backend's pick)
     threads: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     collective_timeout_s: float = 600.0
@@ -89,7 +90,10 @@ class RankHost:
     def start(self, master: tuple[str, int] | None, roles: dict[str, Role]) -> None:
         """Join the group's process group, build its meshes, then construct every role."""
         info = self.info
-        device = self._device()
+        try:
+            device = rank_device(info.device, info.backend)
+        except (RuntimeError, ValueError) as exc:
+            raise self._error(", ".join(roles), "__init__", exc) from exc
         distributed = self._init_distributed(master, device)
         device_meshes = self._build_device_meshes(device) if distributed else {}
         for name, spec in roles.items():
@@ -106,14 +110,6 @@ class RankHost:
                 raise self._error(name, "__init__", exc) from exc
             self.roles[name], self.contexts[name] = worker, context
 
-    def _device(self) -> str:
-        if not self.info.use_gpu:
-            return "cpu"
-        if self.info.backend == "ray":
-            torch.cuda.set_device(0)  # ray exposes exactly the GPU of this rank's bundle
-            return "cuda:0"
-        return f"cuda:{torch.cuda.current_device()}"
-
     def _init_distributed(self, master: tuple[str, int] | None, device: str) -> bool:
         info = self.info
         if info.backend == "local":
@@ -126,8 +122,10 @@ class RankHost:
             return True
         assert master is not None
         addr, port = master
+        # Ray shows a GPU rank only its own device: DeepSpeed and vLLM pick cuda:LOCAL_RANK, which must be 0
+        local_rank = 0 if device.startswith("cuda") else info.local_rank
         os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(info.rank),
-                          WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(info.local_rank),
+                          WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(local_rank),
                           LOCAL_WORLD_SIZE=str(info.local_world_size))
         backend = "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=info.rank,
@@ -150,13 +148,15 @@ class RankHost:
         Arguments are passed flat so that Ray resolves object refs among them before the call;
         rows held by another group (``RemoteRows``) are fetched here, in a TRANSFER span.
         """
-        recorder = self.contexts[role].recorder
+        context = self.contexts[role]
+        recorder, device = context.recorder, context.device
         where = {"group": self.info.group, "role": role, "rank": self.info.rank}
         spans: list[Span] = []
         try:
             fetch_start = time.time()
-            args = tuple(self._resolve(a) for a in raw_args)
-            kwargs = {k: self._resolve(v) for k, v in raw_kwargs.items()}
+            args = tuple(self._resolve(a, device) for a in raw_args)
+            kwargs = {k: self._resolve(v, device) for k, v in raw_kwargs.items()}
+            memory = PhaseMemory(device)
             start = time.time()
             bytes_in = payload_nbytes(args) + payload_nbytes(kwargs)
             remote = [new for new, old in zip((*args, *kwargs.values()), (*raw_args, *raw_kwargs.values()), strict=True)
@@ -165,24 +165,26 @@ class RankHost:
                 spans.append(Span(f"{method}:fetch", Phase.TRANSFER, fetch_start, start,
                                   bytes_moved=payload_nbytes(remote), **where))
             result = getattr(self.roles[role], method)(*args, **kwargs)
+            result = result.to("cpu") if isinstance(result, DataBatch) else result
         except Exception as exc:
             recorder.drain()
             raise self._error(role, method, exc) from exc
         end = time.time()
         bytes_out = payload_nbytes(result)
         spans.append(Span(method, Phase.EXECUTE, start, end, bytes_moved=bytes_in + bytes_out,
-                          attrs={"bytes_in": bytes_in, "bytes_out": bytes_out}, **where))
+                          attrs={"bytes_in": bytes_in, "bytes_out": bytes_out, **memory.fields()}, **where))
         spans += [replace(s, **where) for s in recorder.drain()]
         return result, spans
 
-    def _resolve(self, value: Any) -> Any:
-        if not isinstance(value, RemoteRows):
-            return value
-        parts = self._fetch(value.parts)
-        for part in parts:
-            if not isinstance(part, DataBatch):
-                raise TypeError(f"expected DataBatch rows from {value.source}, got a {type(part).__name__}")
-        return parts[0] if len(parts) == 1 else DataBatch.concat(parts)
+    def _resolve(self, value: Any, device: str) -> Any:
+        """An argument as the worker sees it: rows another group holds fetched, every batch on ``device``."""
+        if isinstance(value, RemoteRows):
+            parts = self._fetch(value.parts)
+            for part in parts:
+                if not isinstance(part, DataBatch):
+                    raise TypeError(f"expected DataBatch rows from {value.source}, got a {type(part).__name__}")
+            value = parts[0] if len(parts) == 1 else DataBatch.concat(parts)
+        return value.to(device) if isinstance(value, DataBatch) else value
 
     def _error(self, role: str, method: str, exc: Exception) -> WorkerCallError:
         return WorkerCallError(self.info.group, role, self.info.rank, method, f"{type(exc).__name__}: {exc}",

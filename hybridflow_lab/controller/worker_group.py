@@ -44,6 +44,8 @@ class WorkerGroup:
     ``WorkerGroup({"actor": ActorWorker, "ref": RefWorker}, pool)`` colocates both roles in
     each rank's process and exposes them as ``group.actor.<method>`` and ``group.ref.<method>``.
     Building a group with the ``name`` of a live one replaces it (re-running a notebook cell).
+    Its ranks put their tensors on ``device`` (default: the pool's GPUs when it has them, else ``"cpu"``;
+    see ``controller.devices.rank_device``); a device a rank cannot use fails the group's start.
     """
 
     def __new__(cls, roles: RolesArg, *args: Any, **kwargs: Any) -> WorkerGroup:
@@ -63,6 +65,7 @@ class WorkerGroup:
         threads_per_rank: int | None = 1,
         env: Mapping[str, str] | None = None,
         collective_timeout_s: float = 600.0,
+        device: str | None = None,
     ) -> None:
         if backend not in ("ray", "local"):
             raise ValueError(f"backend must be 'ray' or 'local', got {backend!r}")
@@ -76,7 +79,7 @@ class WorkerGroup:
         self._validate()
         _replace_live_group(self.name)
 
-        infos = self._rank_infos(threads_per_rank, dict(env or {}), collective_timeout_s)
+        infos = self._rank_infos(threads_per_rank, dict(env or {}), collective_timeout_s, device)
         if backend == "ray":
             init_cluster()
             self._backend: RayRanks | LocalRanks = RayRanks(self.pool, infos)
@@ -105,14 +108,17 @@ class WorkerGroup:
                     where = f"group {self.name!r}: {role}.{spec.name} uses {spec.dispatch}"
                     raise ValueError(f"{where}: {message}") from None
 
-    def _rank_infos(self, threads: int | None, env: dict[str, str], timeout_s: float) -> list[RankInfo]:
-        use_gpu = self.pool.resolve_gpu() if self.backend_name == "ray" else bool(self.pool.use_gpu)
+    def _rank_infos(self, threads: int | None, env: dict[str, str], timeout_s: float,
+                    device: str | None) -> list[RankInfo]:
+        if device is None:
+            use_gpu = self.pool.resolve_gpu() if self.backend_name == "ray" else bool(self.pool.use_gpu)
+            device = "cuda" if use_gpu else "cpu"
         env = {"TOKENIZERS_PARALLELISM": "false", **({"OMP_NUM_THREADS": str(threads)} if threads else {}), **env}
         return [
             RankInfo(
                 group=self.name, rank=rank, world_size=self.world_size, local_rank=local,
                 local_world_size=self.pool.nodes[node], backend=self.backend_name, meshes=dict(self.layout.meshes),
-                use_gpu=use_gpu, threads=threads, env=env, collective_timeout_s=timeout_s,
+                device=device, threads=threads, env=env, collective_timeout_s=timeout_s,
             )
             for rank, (node, local) in enumerate(self.pool.rank_slots())
         ]

@@ -15,11 +15,13 @@ TRAIN_BACKENDS = ("torch", "deepspeed", "fsdp")
 def build_train_engine(backend: str, model: nn.Module, optim: OptimConfig, *, zero_stage: int = 2,
                        micro_batch_size: int = 1, micro_batches_per_step: int = 1, offload: bool = False,
                        bf16: bool = False, dp_group: dist.ProcessGroup | None = None,
-                       tp: TensorParallel = SINGLE) -> TrainEngine:
+                       tp: TensorParallel = SINGLE, device: str = "cpu") -> TrainEngine:
     """The training engine named ``backend`` around ``model`` (collective when several ranks run it).
 
-    ``model`` is this rank's ``tp`` shard; ``dp_group`` (default: all ranks) averages its gradients.
-    Only the torch engine trains tensor-parallel shards: ZeRO and FSDP shard over data parallel instead.
+    ``model`` is this rank's ``tp`` shard, still on the CPU: the engine puts it on ``device`` (ZeRO-3 and FSDP
+    shard it on the way, so the whole model never sits on the device); ``dp_group`` (default: all ranks)
+    averages its gradients. Only the torch engine trains tensor-parallel shards: ZeRO and FSDP shard over data
+    parallel instead.
     """
     if tp.enabled and backend != "torch":
         raise ValueError(f"the {backend} engine shards over data parallel instead of tensor parallel; train "
@@ -27,15 +29,16 @@ def build_train_engine(backend: str, model: nn.Module, optim: OptimConfig, *, ze
     if backend == "torch":
         from hybridflow_lab.engines.torch_engine import TorchEngine
 
-        return TorchEngine(model, optim, dp_group, tp)
+        return TorchEngine(model, optim, dp_group, tp, device, bf16)
     if backend == "deepspeed":
         from hybridflow_lab.engines.deepspeed_engine import DeepSpeedEngine
 
-        return DeepSpeedEngine(model, optim, zero_stage, micro_batch_size, micro_batches_per_step, offload, bf16)
+        return DeepSpeedEngine(model, optim, zero_stage, micro_batch_size, micro_batches_per_step, offload, bf16,
+                               device)
     if backend == "fsdp":
         from hybridflow_lab.engines.fsdp_engine import FSDPEngine
 
-        return FSDPEngine(model, optim, offload=offload, bf16=bf16)
+        return FSDPEngine(model, optim, offload=offload, bf16=bf16, device=device)
     raise ValueError(f"unknown training backend {backend!r}; backends: {', '.join(TRAIN_BACKENDS)}")
 
 

@@ -24,9 +24,9 @@ from hybridflow_lab.engines.train_base import OptimConfig, TrainEngine, build_op
 CHECKPOINT_TAG = "checkpoint"
 
 
-def import_deepspeed() -> ModuleType:
-    """Import DeepSpeed for this machine (CPU accelerator when there is no GPU)."""
-    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+def import_deepspeed(device: str = "cpu") -> ModuleType:
+    """Import DeepSpeed for ``device`` (its CPU accelerator unless the ranks run on CUDA)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if device.startswith("cuda") else "cpu")
     # DeepSpeed's ZeRO all-gathers call the name torch 2.13 deprecated; every rank would print it once
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor` is deprecated", category=FutureWarning)
     import deepspeed
@@ -72,12 +72,15 @@ class DeepSpeedEngine(TrainEngine):
     name = "deepspeed"
 
     def __init__(self, model: nn.Module, optim: OptimConfig, zero_stage: int = 2, micro_batch_size: int = 1,
-                 micro_batches_per_step: int = 1, offload: bool = False, bf16: bool = False) -> None:
+                 micro_batches_per_step: int = 1, offload: bool = False, bf16: bool = False,
+                 device: str = "cpu") -> None:
         if zero_stage not in (1, 2, 3):
             raise ValueError(f"zero_stage must be 1, 2 or 3, got {zero_stage}")
-        super().__init__(None)
-        self.deepspeed = import_deepspeed()
-        self.zero_stage = zero_stage
+        super().__init__(None, device)
+        # the model stays on the CPU: DeepSpeed moves it to cuda:LOCAL_RANK (ZeRO-3: one parameter at a time,
+        # partitioning each as it goes)
+        self.deepspeed = import_deepspeed(device)
+        self.zero_stage, self.offload = zero_stage, offload
         self.micro_batches_per_step = micro_batches_per_step
         optimizer = build_optimizer(model.parameters(), optim)
         config = deepspeed_config(optim, zero_stage, micro_batch_size, micro_batches_per_step, offload, bf16)
@@ -119,15 +122,21 @@ class DeepSpeedEngine(TrainEngine):
         (the config check refuses ``trainer.on_nonfinite=skip`` here) and ``lab.recover()`` rebuilds the
         engine from the last checkpoint."""
 
+    def _offload(self) -> None:
+        if not self.offload:  # an offloading config keeps its state in host memory already
+            self.engine.offload_states()
+
+    def _reload(self) -> None:
+        if not self.offload:
+            self.engine.reload_states()
+
     def current_lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         if self.zero_stage < 3:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
-        params = list(self.model.parameters())
-        with self.deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return dict(self.full_weights())  # gathered a module at a time, never every partition at once
 
     def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         if self.zero_stage < 3:

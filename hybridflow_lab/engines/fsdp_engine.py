@@ -33,10 +33,9 @@ class FSDPEngine(TorchOptimizerEngine):
     name = "fsdp"
 
     def __init__(self, model: nn.Module, optim: OptimConfig, mesh: DeviceMesh | None = None,
-                 offload: bool = False, bf16: bool = False) -> None:
+                 offload: bool = False, bf16: bool = False, device: str = "cpu") -> None:
         if mesh is None:
-            kind = "cuda" if next(model.parameters()).is_cuda else "cpu"
-            mesh = init_device_mesh(kind, (dist.get_world_size(),))
+            mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
         options: dict[str, Any] = {"mesh": mesh}
         if bf16:
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -44,9 +43,10 @@ class FSDPEngine(TorchOptimizerEngine):
             options["offload_policy"] = CPUOffloadPolicy()
         for layer in [m for m in model.modules() if isinstance(m, DecoderLayer)]:
             fully_shard(layer, **options)
-        fully_shard(model, **options)
-        super().__init__(model.parameters(), optim, mesh.get_group())  # after sharding: DTensor parameters
+        fully_shard(model, **options)  # each layer moves to the mesh's device as it is sharded
+        super().__init__(model.parameters(), optim, mesh.get_group(), device=device)  # after sharding: DTensors
         self.module = model
+        self.offload = offload
 
     @property
     def model(self) -> nn.Module:
@@ -65,6 +65,14 @@ class FSDPEngine(TorchOptimizerEngine):
 
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
+
+    def _offload(self) -> None:
+        if not self.offload:  # CPUOffloadPolicy keeps the state in host memory already
+            super()._offload()
+
+    def _reload(self) -> None:
+        if not self.offload:
+            super()._reload()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True))

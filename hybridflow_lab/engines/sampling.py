@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -32,16 +33,36 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 and n >= 1, got top_k={self.top_k}, n={self.n}")
 
 
+POSITIONS_PER_CHUNK = 1024  # positions whose float32 scores over the whole vocabulary exist at once
+
+
+def _by_position_chunks(fn: Callable[..., torch.Tensor], logits: torch.Tensor, *per_position: torch.Tensor
+                        ) -> torch.Tensor:
+    """``fn(logits_chunk, *chunks)`` over chunks of positions, reassembled to ``logits.shape[:-1]``: the float32
+    copy a low-precision or temperature-scaled ``[positions, vocab]`` needs is made one chunk at a time."""
+    rows = logits.reshape(-1, logits.shape[-1]).split(POSITIONS_PER_CHUNK)
+    others = [t.reshape(-1).split(POSITIONS_PER_CHUNK) for t in per_position]
+    return torch.cat([fn(chunk, *parts) for chunk, *parts in zip(rows, *others, strict=True)]).view(logits.shape[:-1])
+
+
 def log_probs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log p(token) under softmax(logits / temperature), in float32; ``logits[..., v]`` and ``tokens[...]``."""
-    scaled = logits.float() / temperature if temperature != 1.0 else logits.float()
-    return torch.gather(scaled.log_softmax(-1), -1, tokens.unsqueeze(-1)).squeeze(-1)
+
+    def chunk(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        scores = rows.float() / temperature if temperature != 1.0 else rows.float()
+        return scores.gather(-1, ids[:, None]).squeeze(-1) - scores.logsumexp(-1)
+
+    return _by_position_chunks(chunk, logits, tokens)
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of softmax(logits / temperature) per position."""
-    log_p = (logits.float() / temperature).log_softmax(-1)
-    return -(log_p.exp() * log_p).sum(-1)
+    """Entropy of softmax(logits / temperature) per position, in float32."""
+
+    def chunk(rows: torch.Tensor) -> torch.Tensor:
+        log_p = (rows.float() / temperature).log_softmax(-1)
+        return -(log_p.exp() * log_p).sum(-1)
+
+    return _by_position_chunks(chunk, logits)
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams,

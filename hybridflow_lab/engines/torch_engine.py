@@ -23,15 +23,23 @@ from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, gather
 
 
 class TorchEngine(TorchOptimizerEngine):
-    """Full weights on every rank; gradients averaged by DDP when the group has several ranks."""
+    """Full weights on every rank; gradients averaged by DDP when the group has several ranks. With ``bf16`` the
+    forward passes run under bfloat16 autocast over float32 weights, gradients and optimizer state."""
 
     name = "torch"
 
     def __init__(self, model: nn.Module, optim: OptimConfig, group: dist.ProcessGroup | None = None,
-                 tp: TensorParallel = SINGLE) -> None:
-        super().__init__(model.parameters(), optim, group, tp)
+                 tp: TensorParallel = SINGLE, device: str = "cpu", bf16: bool = False) -> None:
+        model.to(device)
+        super().__init__(model.parameters(), optim, group, tp, device)
         self._model = model
+        self.bf16 = bf16
         self.module = DistributedDataParallel(model, process_group=group) if self.dp_size > 1 else model
+
+    def precision(self) -> AbstractContextManager[Any]:
+        if not self.bf16:
+            return nullcontext()
+        return torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16)
 
     @property
     def model(self) -> nn.Module:

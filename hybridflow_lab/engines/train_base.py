@@ -89,8 +89,9 @@ class TrainEngine(ABC):
 
     name = "base"
 
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None, device: str = "cpu") -> None:
         self.group = group
+        self.device = device
         self.dp_size = dist.get_world_size(group) if dist.is_initialized() else 1
         self.global_step = 0
 
@@ -124,6 +125,31 @@ class TrainEngine(ABC):
         """Context for one micro-batch's backward; non-last ones may skip the gradient all-reduce."""
         return nullcontext()
 
+    def precision(self) -> AbstractContextManager[Any]:
+        """Context for forward passes: autocast where the engine runs mixed precision itself."""
+        return nullcontext()
+
+    @abstractmethod
+    def _offload(self) -> None:
+        """Move weights, gradients and optimizer state off the device."""
+
+    @abstractmethod
+    def _reload(self) -> None:
+        """Bring back what ``_offload`` moved."""
+
+    def offload(self) -> None:
+        """Move the weights, gradients and optimizer state to host memory and free their device memory (verl's
+        offload around generation, when the rollout engine holds its own copy of the weights); ``reload`` brings
+        them back. A no-op on the CPU, where host and device memory are one."""
+        if self.device.startswith("cuda"):
+            self._offload()
+            torch.cuda.empty_cache()  # hand the freed blocks back, so that another allocator (vLLM's) can take them
+
+    def reload(self) -> None:
+        """Undo ``offload``."""
+        if self.device.startswith("cuda"):
+            self._reload()
+
     @abstractmethod
     def current_lr(self) -> float: ...
 
@@ -151,7 +177,8 @@ class TrainEngine(ABC):
         was_training = self.module.training
         self.module.eval()
         try:
-            return [fn(self.module, mb) for mb in micro_batches]
+            with self.precision():
+                return [fn(self.module, mb) for mb in micro_batches]
         finally:
             self.module.train(was_training)
 
@@ -164,7 +191,8 @@ class TrainEngine(ABC):
             raise ValueError("train_step needs at least one micro-batch")
         self._check_micro_batches(len(micro_batches))
         self.module.train()
-        local = torch.tensor(float(sum(count_fn(mb) for mb in micro_batches)), dtype=torch.float64)
+        # a CPU float64 count: its all-reduce stays on gloo (NCCL groups are "cpu:gloo,cuda:nccl")
+        local = torch.tensor(float(sum(count_fn(mb) for mb in micro_batches)), dtype=torch.float64, device="cpu")
         total = float(self._reduce({"units": local}, dist.ReduceOp.SUM)["units"])
         if total <= 0:
             raise ValueError("train_step: the micro-batches hold no units to average over (empty masks?)")
@@ -173,7 +201,8 @@ class TrainEngine(ABC):
         peaks: dict[str, torch.Tensor] = {}
         for index, mb in enumerate(micro_batches):
             with self._accumulating(last=index == len(micro_batches) - 1):
-                loss, metrics = loss_fn(self.module, mb)
+                with self.precision():
+                    loss, metrics = loss_fn(self.module, mb)
                 self._backward(loss * scale)
             for key, value in {"loss": loss, **metrics}.items():
                 if isinstance(value, Peak):
@@ -208,7 +237,7 @@ class TrainEngine(ABC):
         if not values:
             return {}
         keys = sorted(values)
-        stacked = torch.stack([torch.as_tensor(values[k]).reshape(()) for k in keys])
+        stacked = torch.stack([values[k].reshape(()) for k in keys])
         if self.dp_size > 1:
             dist.all_reduce(stacked, op=op, group=self.group)
         return dict(zip(keys, stacked, strict=True))
@@ -218,8 +247,8 @@ class TorchOptimizerEngine(TrainEngine):
     """An engine that steps a torch AdamW and LambdaLR itself (torch/DDP and FSDP2; DeepSpeed steps its own)."""
 
     def __init__(self, parameters: Iterator[nn.Parameter], optim: OptimConfig,
-                 group: dist.ProcessGroup | None = None, tp: TensorParallel = SINGLE) -> None:
-        super().__init__(group)
+                 group: dist.ProcessGroup | None = None, tp: TensorParallel = SINGLE, device: str = "cpu") -> None:
+        super().__init__(group, device)
         self.tp = tp
         self.optim_config = optim
         self.optimizer = build_optimizer(parameters, optim)
@@ -245,3 +274,24 @@ class TorchOptimizerEngine(TrainEngine):
 
     def current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+    def _offload(self) -> None:
+        self._state_on_device = move_optimizer_state(self.optimizer, self.device, "cpu")
+        self.model.to("cpu")  # parameters and any gradients (FSDP2: the local shards)
+
+    def _reload(self) -> None:
+        self.model.to(self.device)
+        for state, key in self._state_on_device:
+            state[key] = state[key].to(self.device)
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, source: str, target: str) -> list[tuple[dict, str]]:
+    """Move the optimizer's state tensors on ``source`` to ``target``; returns where each was (AdamW keeps its
+    step counts on the CPU, and they stay there)."""
+    moved = []
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.device == torch.device(source):
+                state[key] = value.to(target)
+                moved.append((state, key))
+    return moved

@@ -7,7 +7,8 @@ tensor (``weight_fingerprint``) and a tensor that did not arrive stops the run w
 The engine runs in the rank's own process, so the weights never cross a process boundary. With
 ``tensor_parallel`` > 1 the actor's ranks run one vLLM engine together (vLLM's external launcher
 over the ranks' own process group, verl's SPMD rollout); each rank loads its shard from the full
-weights. On CUDA it sleeps between generations (weights offloaded, KV cache freed).
+weights. On CUDA it sleeps between generations (weights offloaded, KV cache freed) and wakes in two steps:
+the weights before a weight load, the KV cache before generating (``transitions`` records the order).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import inspect
 import os
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +32,7 @@ from hybridflow_lab.engines.weight_fingerprint import check_fingerprints, probe,
 # The weights iterator handed to reload_weights must reach the engine in this process: an engine core
 # in a separate process (vLLM's default) receives raw tensors as lists and dies.
 IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+WAKE_TAGS = ("weights", "kv_cache")  # what a sleeping engine puts back on the device, in the order it needs them
 # Engine-side fingerprints computed by a repacked CPU kernel in float32 round at ~1e-7 of their size;
 # a training step moves them by ~1e-4 or more. Read-back weights agree to float64 summation order.
 KERNEL_RTOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
@@ -87,16 +90,16 @@ def pack_outputs(
     pad_token_id: int,
 ) -> dict[str, torch.Tensor]:
     """vLLM's completions (``n`` per prompt, in prompt order) in the layout of the built-in engine."""
-    rows = len(completions)
-    responses = torch.full((rows, max_new_tokens), pad_token_id, dtype=torch.long)
-    scores = torch.zeros(rows, max_new_tokens)
-    mask = torch.zeros(rows, max_new_tokens, dtype=torch.long)
+    rows, device = len(completions), prompt_ids.device
+    responses = torch.full((rows, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    scores = torch.zeros(rows, max_new_tokens, device=device)
+    mask = torch.zeros(rows, max_new_tokens, dtype=torch.long, device=device)
     for row, tokens in enumerate(completions):
         length = min(len(tokens), max_new_tokens)
-        responses[row, :length] = torch.tensor(tokens[:length], dtype=torch.long)
+        responses[row, :length] = torch.tensor(tokens[:length], dtype=torch.long, device=device)
         mask[row, :length] = 1
         if log_probs is not None:
-            scores[row, :length] = torch.tensor(log_probs[row][:length])
+            scores[row, :length] = torch.tensor(log_probs[row][:length], device=device)
     out = {
         "prompt_ids": prompt_ids.repeat_interleave(n, dim=0),
         "prompt_mask": prompt_mask.repeat_interleave(n, dim=0),
@@ -234,7 +237,8 @@ class VllmRollout:
                        gpu_memory_utilization=settings.gpu_memory_utilization, enable_sleep_mode=self.on_cuda,
                        load_format="safetensors",  # never "auto"'s pickle fallback
                        logprobs_mode="processed_logprobs")  # the distribution tokens were drawn from (top-k/p, T)
-        self.asleep = False
+        self.awake = set(WAKE_TAGS)  # what of the engine is on the device: its "weights", its "kv_cache"
+        self.transitions: deque[str] = deque(maxlen=16)  # the latest wake/load/generate/sleep steps, in order
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
         """Load new weights in place (HF names), drop cached prefixes, then verify every tensor arrived.
@@ -255,8 +259,9 @@ class VllmRollout:
                     expected[name] = tensor_fingerprint(tensor.to(self.settings.dtype))
                 yield name, tensor
 
-        self.wake_up()
+        self.wake_up("weights")  # only the weights: the KV cache wakes after the training state has left
         start = time.perf_counter()
+        self.transitions.append("load_weights")
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
         self.llm.reset_prefix_cache()
         stats: dict[str, Any] = {"tensors": len(expected), "copied_bytes": moved, "largest_tensor_bytes": largest,
@@ -276,15 +281,21 @@ class VllmRollout:
                                {k: v for k, v in actual.items() if (k in through_kernel) == in_kernel}, rtol)
 
     def sleep(self) -> None:
-        """Offload the weights and free the KV cache until the next generation (CUDA; a no-op on CPU)."""
-        if self.on_cuda and not self.asleep:
+        """Offload the weights to host memory and free the KV cache until the next generation (CUDA; on the CPU
+        vLLM has no sleep mode and this does nothing)."""
+        if self.on_cuda and self.awake:
             self.llm.sleep(level=1)
-            self.asleep = True
+            self.awake.clear()
+            self.transitions.append("sleep")
 
-    def wake_up(self) -> None:
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+    def wake_up(self, *tags: str) -> None:
+        """Put ``tags`` (``"weights"``, ``"kv_cache"``) back on the device: weights before a weight load, then
+        the KV cache before generating (verl's order, so that loading never meets a sleeping engine)."""
+        missing = [tag for tag in tags if tag not in self.awake]
+        if missing:
+            self.llm.wake_up(tags=missing)
+            self.awake.update(missing)
+            self.transitions.append("wake_" + "+".join(missing))
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                  params: SamplingParams | None = None) -> dict[str, torch.Tensor]:
@@ -294,7 +305,8 @@ class VllmRollout:
         from vllm.inputs import TokensPrompt
 
         params = params or self.params
-        self.wake_up()
+        self.wake_up(*WAKE_TAGS)
+        self.transitions.append("generate")
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in unpadded_prompts(prompt_ids, prompt_mask)]
         outputs = self.llm.generate(prompts, VllmSamplingParams(**vllm_sampling_kwargs(params, self.eos_token_id)),
                                     use_tqdm=False)

@@ -30,7 +30,7 @@ class WeightSyncError(RuntimeError):
 def probe(columns: int, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu") -> torch.Tensor:
     """The fixed +/-1 vector a matrix with ``columns`` columns is multiplied with (exact in every dtype)."""
     generator = torch.Generator().manual_seed(PROBE_SEED + columns)
-    signs = torch.randint(0, 2, (columns,), generator=generator) * 2 - 1
+    signs = torch.randint(0, 2, (columns,), generator=generator, device="cpu") * 2 - 1
     return signs.to(dtype=dtype, device=device)
 
 

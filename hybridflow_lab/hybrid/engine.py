@@ -85,7 +85,7 @@ class HybridEngine:
         elif load_copy is None and self.whole:
             self.model = engine.model
         elif load_copy is None:  # the built-in engine on a gathered copy
-            self.model = load_causal_lm(config.actor.model_path)
+            self.model = load_causal_lm(config.actor.model_path).to(engine.device)
             self.load_copy = state_dict_sink(self.model)
         else:
             self.load_copy = load_copy
@@ -100,7 +100,8 @@ class HybridEngine:
         """The generation model, valid inside the block (collective on entry and exit when resharding)."""
         if self.resharder is None:
             self._refresh_copy()
-            yield self.model
+            with self._training_state_offloaded():
+                yield self.model
             return
         strategy = self.resharder.strategy
         with self.span("reshard_to_generation", phase=Phase.TRANSFER) as attrs:
@@ -110,6 +111,23 @@ class HybridEngine:
         finally:
             with self.span("reshard_to_training", phase=Phase.TRANSFER) as attrs:
                 attrs.update(transition_attrs(self.resharder.to_training(), strategy))
+
+    @contextmanager
+    def _training_state_offloaded(self) -> Iterator[None]:
+        """The training engine's state in host memory while a separate generation copy runs (CUDA only: on the
+        CPU there is no device memory to free); nothing moves when generation runs on the training weights."""
+        if self.load_copy is None or not self.engine.device.startswith("cuda"):
+            yield
+            return
+        with self.span("offload_training", phase=Phase.TRANSFER) as attrs:
+            held = torch.cuda.memory_allocated()
+            self.engine.offload()
+            attrs["device_freed_mib"] = round((held - torch.cuda.memory_allocated()) / 2**20, 1)
+        try:
+            yield
+        finally:
+            with self.span("reload_training", phase=Phase.TRANSFER):
+                self.engine.reload()
 
     def _refresh_copy(self) -> None:
         """Gather the full weights into the generation copy if they changed (collective for ZeRO-3 and FSDP)."""
@@ -123,12 +141,23 @@ class HybridEngine:
 
 
 def state_dict_sink(model: torch.nn.Module) -> WeightSink:
-    """Loads a weight stream into ``model`` (the built-in engine's generation copy)."""
+    """Copies a weight stream into ``model`` (the built-in engine's generation copy) tensor by tensor, cast to
+    the copy's dtype and device, so that only the tensor in flight exists twice; every tensor must arrive."""
+    targets = model.state_dict()  # the copy's own parameters and buffers, not copies of them
 
+    @torch.no_grad()
     def load(weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
-        state = dict(weights)
-        model.load_state_dict(state)
-        return {"tensors": len(state), "copied_bytes": sum(t.numel() * t.element_size() for t in state.values())}
+        arrived, copied = set(), 0
+        for name, tensor in weights:
+            if name not in targets:
+                raise KeyError(f"the weight stream sent {name!r}, which the generation model does not have")
+            targets[name].copy_(tensor)
+            arrived.add(name)
+            copied += tensor.numel() * tensor.element_size()
+        if missing := sorted(targets.keys() - arrived):
+            raise KeyError(f"the weight stream did not send {len(missing)} tensor(s) of the generation model, "
+                           f"first {missing[0]!r}")
+        return {"tensors": len(arrived), "copied_bytes": copied}
 
     return load
 

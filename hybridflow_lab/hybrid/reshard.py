@@ -138,8 +138,8 @@ class Resharder:
         if self.strategy == "hybridflow":  # the training shard lives in its buffer slot: copy it out, drop the rest
             for param in self.sharded.values():
                 param.data = param.data.clone(memory_format=torch.contiguous_format)
-        for name in self.sharded:  # the generation model lets go of the gathered buffers
-            self._set_generation_tensor(name, torch.empty(0))
+        for name, param in self.sharded.items():  # the generation model lets go of the gathered buffers
+            self._set_generation_tensor(name, torch.empty(0, dtype=param.dtype, device=param.device))
         self._buffers.clear()
         return TransitionStats("to_training", 0, self._held_bytes(), self._redundant_bytes(),
                                time.perf_counter() - start)
@@ -148,7 +148,7 @@ class Resharder:
     def _gather_hybridflow(self, name: str, param: torch.nn.Parameter) -> Gathered:
         shard = as_rows(param.data, name)
         dg, slot = self.layout.dg, self.rank % self.layout.dg
-        buffer = torch.empty((dg * shard.shape[0], *shard.shape[1:]), dtype=shard.dtype)
+        buffer = torch.empty((dg * shard.shape[0], *shard.shape[1:]), dtype=shard.dtype, device=shard.device)
         mine = buffer.chunk(dg)[slot]
         mine.copy_(shard)
         param.data = from_rows(mine, name)  # the training shard now lives inside the buffer
@@ -162,7 +162,7 @@ class Resharder:
     def _gather_hybridflow_v(self, name: str, param: torch.nn.Parameter) -> Gathered:
         shard = as_rows(param.data, name).contiguous()
         t = self.layout.t
-        buffer = torch.empty((t * shard.shape[0], *shard.shape[1:]), dtype=shard.dtype)
+        buffer = torch.empty((t * shard.shape[0], *shard.shape[1:]), dtype=shard.dtype, device=shard.device)
         self._buffers[name] = buffer
         work = dist.all_gather_single(buffer, shard, group=self.groups.training_tp, async_op=True)
         return (t - 1) * shard.numel() * shard.element_size(), work
@@ -170,7 +170,7 @@ class Resharder:
     def _gather_ds_chat(self, name: str, param: torch.nn.Parameter) -> Gathered:
         partition = self._partitions[name]
         world = self.layout.world_size
-        flat = torch.empty(world * partition.numel(), dtype=partition.dtype)
+        flat = torch.empty(world * partition.numel(), dtype=partition.dtype, device=partition.device)
         shape = self._full_shapes[name]
         self._buffers[name] = flat[: shape.numel()].view(shape)
         work = dist.all_gather_single(flat, partition, group=self.groups.world, async_op=True)
@@ -186,7 +186,7 @@ class Resharder:
             self._full_shapes[name] = full.shape
             flat = full.flatten()
             size = -(-flat.numel() // world)
-            padded = torch.zeros(size * world, dtype=flat.dtype)
+            padded = torch.zeros(size * world, dtype=flat.dtype, device=flat.device)
             padded[: flat.numel()] = flat
             self._partitions[name] = padded[self.rank * size:(self.rank + 1) * size].clone()
 

@@ -165,7 +165,8 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float, tp: TensorParallel) 
     named = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
     sharded = [g for n, g in named if split_dim(n) is not None]
     replicated = [g for n, g in named if split_dim(n) is None]
-    squares = torch.stack([torch.nn.utils.get_total_norm(gs) ** 2 if gs else torch.zeros(())
+    device = next(model.parameters()).device
+    squares = torch.stack([torch.nn.utils.get_total_norm(gs) ** 2 if gs else torch.zeros((), device=device)
                            for gs in (sharded, replicated)])
     if tp.enabled:
         dist.all_reduce(squares[:1], group=tp.group)

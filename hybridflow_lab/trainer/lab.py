@@ -24,6 +24,7 @@ from hybridflow_lab.algorithms.kl import AdaptiveKLController, FixedKLController
 from hybridflow_lab.algorithms.registry import get_advantage_estimator, get_policy_loss
 from hybridflow_lab.algorithms.safe_rlhf import LagrangeMultiplier
 from hybridflow_lab.config import LabConfig, to_dict, validate
+from hybridflow_lab.config.validate import resolve_device
 from hybridflow_lab.controller import ResourcePool, Role, WorkerCallError, WorkerGroup, init_cluster
 from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
@@ -129,8 +130,9 @@ class Lab:
         self._spans = JsonlSink(self.run_dir / "spans.jsonl").attach(self.telemetry)
         self.log = MetricsLog(self.run_dir, config.trainer.wandb_project if config.trainer.wandb else None,
                               to_dict(config))
-        pools = self._build_pools()
-        options = {"backend": config.backend, "telemetry": self.telemetry}
+        device = resolve_device(config)
+        pools = self._build_pools(device)
+        options = {"backend": config.backend, "telemetry": self.telemetry, "device": device}
         actor_pool = pools[config.actor.pool]
         self.groups["actor"] = WorkerGroup(Role(ActorWorker, config), actor_pool, name=f"{self.name}.actor",
                                            meshes=ActorWorker.meshes(config), **options)
@@ -194,9 +196,10 @@ class Lab:
         """The configured roles with their own ``RoleConfig`` (and pool): the actor, and the critic if used."""
         return trained_roles(self.config)
 
-    def _build_pools(self) -> dict[str, ResourcePool]:
-        """One resource pool per pool name in the config, sized by the ranks of the roles placed on it."""
-        pools = {pool: ResourcePool(slots, name=f"{self.name}.{pool}")
+    def _build_pools(self, device: str) -> dict[str, ResourcePool]:
+        """One resource pool per pool name in the config, sized by the ranks of the roles placed on it
+        (a GPU per slot on ``cuda``)."""
+        pools = {pool: ResourcePool(slots, use_gpu=device == "cuda", name=f"{self.name}.{pool}")
                  for pool, slots in self.config.pool_slots(self.trained_roles).items()}
         self._pools = list(pools.values())
         return pools

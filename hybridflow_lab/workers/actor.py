@@ -20,6 +20,7 @@ from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.controller.mesh import Mesh
 from hybridflow_lab.engines import SamplingParams
 from hybridflow_lab.engines.forward import response_log_probs
+from hybridflow_lab.engines.frozen import build_frozen_model
 from hybridflow_lab.engines.torch_rollout import TorchRollout
 from hybridflow_lab.hybrid.engine import HybridEngine, actor_layout, actor_meshes
 from hybridflow_lab.hybrid.reshard import process_groups
@@ -76,7 +77,7 @@ class ActorWorker(TrainedRole):
         self.layout = actor_layout(config)
         tp, dp_group = self._training_parallelism()
         self.engine = self.build_engine(config.actor, shard_model(load_causal_lm(path), tp), dp_group, tp)
-        self.reference = shard_model(load_causal_lm(path), tp).eval().requires_grad_(False) \
+        self.reference = self._reference(shard_model(load_causal_lm(path), tp)) \
             if config.algorithm.uses_reference else None  # no stage reads it without a KL term
         self.rollout: TorchRollout | VllmRollout
         params, eos, pad = sampling_params(config), self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
@@ -94,6 +95,12 @@ class ActorWorker(TrainedRole):
     @property
     def data_parallel_size(self) -> int:
         return self.layout.d
+
+    def _reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The frozen reference policy on this rank's device, sharded like the actor (ZeRO-3, FSDP)."""
+        engine = self.config.actor.engine
+        return build_frozen_model(engine.backend, model, zero_stage=engine.zero_stage, bf16=engine.bf16,
+                                  device=self.device)
 
     def _training_parallelism(self) -> tuple[TensorParallel, Any]:
         """This rank's training TP place and its data-parallel group (None: all ranks)."""
@@ -138,7 +145,7 @@ class ActorWorker(TrainedRole):
         if model is self.engine.module:
             parts = self.engine.infer(micros, forward)
         else:
-            with torch.no_grad():
+            with torch.no_grad(), self.engine.precision():
                 parts = [forward(model, micro) for micro in micros]
         columns = {"log_probs": torch.cat([p[0] for p in parts])}
         if with_entropy:

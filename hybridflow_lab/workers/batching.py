@@ -34,7 +34,8 @@ def per_rank_minibatch(batch: BatchConfig, ranks: int) -> int:
 def minibatches(rows: DataBatch, size: int, epochs: int, seed: int) -> Iterator[DataBatch]:
     """``epochs`` passes over ``rows`` in a seeded random order, ``size`` rows at a time."""
     for epoch in range(epochs):
-        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed * 1000 + epoch),
+                               device="cpu")  # the same order on every device; it indexes any
         yield from rows.reorder(order).split(size)
 
 

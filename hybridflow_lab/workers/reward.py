@@ -22,7 +22,7 @@ def rule_scores(batch: DataBatch, fn: RewardFn, guard: RewardGuard = FAIL_ON_ERR
     prompts = batch["prompt_text"] if "prompt_text" in batch else [""] * len(batch)
     truths = batch["ground_truth"] if "ground_truth" in batch else [None] * len(batch)
     values, failures = guard.scores(fn, list(zip(prompts, batch["response_text"], truths, strict=True)))
-    scores = torch.tensor(values)
+    scores = torch.tensor(values, device=batch["response_mask"].device)
     return DataBatch({"scores": scores, "token_level_scores": token_level(scores, batch["response_mask"])},
                      meta={"reward_failures": failures})
 
@@ -31,7 +31,7 @@ class RewardModelWorker(Worker):
     """A scalar-head model scoring whole sequences (the score at the last real token)."""
 
     def __init__(self, model_path: str, micro_batch: int = 8) -> None:
-        self.model = load_scalar_model(model_path).eval().requires_grad_(False)
+        self.model = load_scalar_model(model_path).eval().requires_grad_(False).to(self.device)
         self.micro_batch = micro_batch
 
     @register(Dispatch.DP_COMPUTE)

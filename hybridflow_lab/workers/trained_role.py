@@ -26,14 +26,15 @@ class TrainedRole(Worker):
 
     def build_engine(self, role: RoleConfig, model: nn.Module, dp_group: ProcessGroup | None = None,
                      tp: TensorParallel = SINGLE) -> TrainEngine:
-        """``role``'s training engine around ``model`` (this rank's ``tp`` shard), sized by the run's batch
-        config; gradients are averaged over ``dp_group`` (default: all ranks). Collective."""
+        """``role``'s training engine around ``model`` (this rank's ``tp`` shard, on the CPU: the engine places it
+        on this rank's device), sized by the run's batch config; gradients are averaged over ``dp_group``
+        (default: all ranks). Collective."""
         batch, engine = self.config.batch, role.engine
         micro = batch.micro_batch_sequences_per_rank
         return build_train_engine(
             engine.backend, model, role.optim, zero_stage=engine.zero_stage, micro_batch_size=micro,
             micro_batches_per_step=per_rank_minibatch(batch, self.data_parallel_size) // micro,
-            offload=engine.offload, bf16=engine.bf16, dp_group=dp_group, tp=tp,
+            offload=engine.offload, bf16=engine.bf16, dp_group=dp_group, tp=tp, device=self.device,
         )
 
     @register(Dispatch.ONE_TO_ALL)
