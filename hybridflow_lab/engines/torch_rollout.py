@@ -7,6 +7,10 @@ live ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
 import torch
 
 from hybridflow_lab.engines.sampling import SamplingParams, sample_next
@@ -88,13 +92,16 @@ def sequences_batch(out: dict[str, torch.Tensor], pad_token_id: int) -> dict[str
 
 
 class TorchRollout:
-    """Generation with the built-in engine on a model that lives elsewhere (the actor's, shared)."""
+    """Generation with the built-in engine on a model that lives elsewhere (the actor's, shared); ``precision``
+    is the training engine's forward context (its bf16 autocast), so that both compute alike."""
 
-    def __init__(self, model: DecoderLM, params: SamplingParams, eos_token_id: int | None, pad_token_id: int) -> None:
+    def __init__(self, model: DecoderLM, params: SamplingParams, eos_token_id: int | None, pad_token_id: int,
+                 precision: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
         self.model = model
         self.params = params
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
+        self.precision = precision
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                  params: SamplingParams | None = None) -> dict[str, torch.Tensor]:
@@ -102,8 +109,9 @@ class TorchRollout:
         was_training = self.model.training
         self.model.eval()
         try:
-            out = generate(self.model, prompt_ids, prompt_mask, params or self.params, self.eos_token_id,
-                           self.pad_token_id)
+            with self.precision():
+                out = generate(self.model, prompt_ids, prompt_mask, params or self.params, self.eos_token_id,
+                               self.pad_token_id)
         finally:
             self.model.train(was_training)
         return sequences_batch(out, self.pad_token_id)

@@ -84,8 +84,9 @@ class HybridEngine:
             self.model = self.resharder.generation_model
         elif load_copy is None and self.whole:
             self.model = engine.model
-        elif load_copy is None:  # the built-in engine on a gathered copy
-            self.model = load_causal_lm(config.actor.model_path).to(engine.device)
+        elif load_copy is None:  # the built-in engine on a gathered copy, in the training dtype
+            dtype = torch.bfloat16 if config.actor.engine.bf16 else torch.float32
+            self.model = load_causal_lm(config.actor.model_path).to(engine.device, dtype)
             self.load_copy = state_dict_sink(self.model)
         else:
             self.load_copy = load_copy

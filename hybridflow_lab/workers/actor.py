@@ -90,7 +90,7 @@ class ActorWorker(TrainedRole):
         else:
             self.hybrid = self._hybrid_engine(None)
             assert self.hybrid.model is not None
-            self.rollout = TorchRollout(self.hybrid.model, params, eos, pad)
+            self.rollout = TorchRollout(self.hybrid.model, params, eos, pad, self.engine.precision)
 
     @property
     def data_parallel_size(self) -> int:
