@@ -248,20 +248,21 @@ def visible_gpus(backend: str) -> int | None:
     return torch.cuda.device_count()
 
 
-def resolve_device(config: LabConfig) -> str:
-    """``device``, with ``auto`` made ``cuda`` when there are GPUs for the ranks and ``cpu`` otherwise."""
+def resolve_device(config: LabConfig, gpus: int | None = None) -> str:
+    """``device``, with ``auto`` made ``cuda`` when there are GPUs for the ranks (``gpus``, else
+    ``visible_gpus``) and ``cpu`` otherwise."""
     if config.device != "auto":
         return config.device
-    return "cuda" if visible_gpus(config.backend) else "cpu"
+    return "cuda" if (gpus if gpus is not None else visible_gpus(config.backend)) else "cpu"
 
 
 def _check_device(config: LabConfig, roles: tuple[str, ...]) -> None:
     """GPUs asked for exist, one per rank of every pool, and support the training dtype."""
     if config.device not in DEVICES:
         raise ConfigError("device", f"{config.device!r} is not one of {DEVICES}")
-    if resolve_device(config) != "cuda":
-        return
     gpus = visible_gpus(config.backend)
+    if resolve_device(config, gpus) != "cuda":
+        return
     slots = config.pool_slots(roles)
     if gpus == 0:
         raise ConfigError("device", f"cuda asks for GPUs but torch {torch.__version__} (CUDA build: "

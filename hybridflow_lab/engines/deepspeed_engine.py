@@ -80,7 +80,7 @@ class DeepSpeedEngine(TrainEngine):
         # the model stays on the CPU: DeepSpeed moves it to cuda:LOCAL_RANK (ZeRO-3: one parameter at a time,
         # partitioning each as it goes)
         self.deepspeed = import_deepspeed(device)
-        self.zero_stage, self.offload = zero_stage, offload
+        self.zero_stage, self.state_on_host = zero_stage, offload
         self.micro_batches_per_step = micro_batches_per_step
         optimizer = build_optimizer(model.parameters(), optim)
         config = deepspeed_config(optim, zero_stage, micro_batch_size, micro_batches_per_step, offload, bf16)
@@ -123,12 +123,10 @@ class DeepSpeedEngine(TrainEngine):
         engine from the last checkpoint."""
 
     def _offload(self) -> None:
-        if not self.offload:  # an offloading config keeps its state in host memory already
-            self.engine.offload_states()
+        self.engine.offload_states()
 
     def _reload(self) -> None:
-        if not self.offload:
-            self.engine.reload_states()
+        self.engine.reload_states()
 
     def current_lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])

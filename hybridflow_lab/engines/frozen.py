@@ -6,8 +6,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hybridflow_lab.models.decoder import DecoderLayer
-
 
 def build_frozen_model(backend: str, model: nn.Module, *, zero_stage: int = 2, bf16: bool = False,
                        device: str = "cpu") -> nn.Module:
@@ -17,13 +15,10 @@ def build_frozen_model(backend: str, model: nn.Module, *, zero_stage: int = 2, b
     model.eval().requires_grad_(False)
     if backend == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
-        options = {"mesh": mesh, **({"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16)} if bf16 else {})}
-        for layer in [m for m in model.modules() if isinstance(m, DecoderLayer)]:
-            fully_shard(layer, **options)
-        fully_shard(model, **options)  # each layer moves to the mesh's device as it is sharded
+        from hybridflow_lab.engines.fsdp_engine import shard_decoder
+
+        shard_decoder(model, init_device_mesh(torch.device(device).type, (dist.get_world_size(),)), bf16)
         return model
     if backend == "deepspeed" and zero_stage == 3:
         from hybridflow_lab.engines.deepspeed_engine import import_deepspeed

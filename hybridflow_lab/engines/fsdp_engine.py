@@ -27,6 +27,20 @@ from hybridflow_lab.engines.train_base import OptimConfig, TorchOptimizerEngine
 from hybridflow_lab.models.decoder import DecoderLayer
 
 
+def shard_decoder(model: nn.Module, mesh: DeviceMesh, bf16: bool = False, offload: bool = False) -> None:
+    """FSDP2 over ``mesh``: every decoder layer, then the root; each moves to the mesh's device as it is sharded,
+    so the whole model never sits there at once. ``bf16`` computes in bfloat16 (float32 gradient reduction),
+    ``offload`` keeps the shards in host memory."""
+    options: dict[str, Any] = {"mesh": mesh}
+    if bf16:
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if offload:
+        options["offload_policy"] = CPUOffloadPolicy()
+    for layer in [m for m in model.modules() if isinstance(m, DecoderLayer)]:
+        fully_shard(layer, **options)
+    fully_shard(model, **options)
+
+
 class FSDPEngine(TorchOptimizerEngine):
     """Parameters, gradients and optimizer state sharded over ``mesh`` (default: every rank)."""
 
@@ -36,17 +50,10 @@ class FSDPEngine(TorchOptimizerEngine):
                  offload: bool = False, bf16: bool = False, device: str = "cpu") -> None:
         if mesh is None:
             mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
-        options: dict[str, Any] = {"mesh": mesh}
-        if bf16:
-            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if offload:
-            options["offload_policy"] = CPUOffloadPolicy()
-        for layer in [m for m in model.modules() if isinstance(m, DecoderLayer)]:
-            fully_shard(layer, **options)
-        fully_shard(model, **options)  # each layer moves to the mesh's device as it is sharded
+        shard_decoder(model, mesh, bf16, offload)
         super().__init__(model.parameters(), optim, mesh.get_group(), device=device)  # after sharding: DTensors
         self.module = model
-        self.offload = offload
+        self.state_on_host = offload
 
     @property
     def model(self) -> nn.Module:
@@ -65,14 +72,6 @@ class FSDPEngine(TorchOptimizerEngine):
 
     def _backward(self, loss: torch.Tensor) -> None:
         loss.backward()
-
-    def _offload(self) -> None:
-        if not self.offload:  # CPUOffloadPolicy keeps the state in host memory already
-            super()._offload()
-
-    def _reload(self) -> None:
-        if not self.offload:
-            super()._reload()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True))

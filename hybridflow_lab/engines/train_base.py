@@ -88,6 +88,7 @@ class TrainEngine(ABC):
     """A model being trained with one backend; ``module`` is what to call for a forward pass."""
 
     name = "base"
+    state_on_host = False  # an engine configured to offload keeps its state in host memory already
 
     def __init__(self, group: dist.ProcessGroup | None = None, device: str = "cpu") -> None:
         self.group = group
@@ -140,14 +141,15 @@ class TrainEngine(ABC):
     def offload(self) -> None:
         """Move the weights, gradients and optimizer state to host memory and free their device memory (verl's
         offload around generation, when the rollout engine holds its own copy of the weights); ``reload`` brings
-        them back. A no-op on the CPU, where host and device memory are one."""
-        if self.device.startswith("cuda"):
+        them back. A no-op on the CPU, where host and device memory are one, and for an engine whose state is
+        already on the host."""
+        if self.device.startswith("cuda") and not self.state_on_host:
             self._offload()
             torch.cuda.empty_cache()  # hand the freed blocks back, so that another allocator (vLLM's) can take them
 
     def reload(self) -> None:
         """Undo ``offload``."""
-        if self.device.startswith("cuda"):
+        if self.device.startswith("cuda") and not self.state_on_host:
             self._reload()
 
     @abstractmethod

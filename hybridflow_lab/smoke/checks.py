@@ -16,6 +16,7 @@ from hybridflow_lab.config import AlgorithmConfig, BatchConfig, EngineConfig, La
 from hybridflow_lab.controller import Mesh, ResourcePool, Role, WorkerGroup
 from hybridflow_lab.engines import OptimConfig
 from hybridflow_lab.models import char_tokenizer, create_model_dir
+from hybridflow_lab.models.decoder import positions_from_mask
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.smoke.probes import EngineCheck, PlacementProbe, SmokeActor
 from hybridflow_lab.tasks.prompts import encode_prompts
@@ -92,7 +93,7 @@ def sequences(rows: int = 8, prompt: int = 6, response: int = 10, seed: int = 0)
     response_mask[5, 3:] = 0
     mask = torch.cat([prompt_mask, response_mask], 1)
     return DataBatch({"input_ids": torch.cat([prompts, responses], 1), "attention_mask": mask,
-                      "position_ids": (mask.cumsum(-1) - 1).clamp(min=0), "responses": responses,
+                      "position_ids": positions_from_mask(mask, prompts), "responses": responses,
                       "response_mask": response_mask})
 
 
@@ -115,12 +116,17 @@ def engines(setup: SmokeSetup) -> dict[str, Any]:
             group.train(batch)
             group.load_checkpoint(path)
             restored = all(torch.equal(saved[k], v) for k, v in group.weights()[0].items())
-        on_device = all(d.startswith(setup.device) for where in devices.values() for d in where)
+        on_device = all_on(devices, setup.device)
         close = all(abs(a - b) <= LOSS_RTOL[bf16] * abs(b) for a, b in zip(losses, expected, strict=True))
         results[name] = {"ok": on_device and close and restored, "losses": losses, "state_devices": devices,
                          "checkpoint_restores": restored}
         ok = ok and results[name]["ok"]
     return {"ok": ok, "cpu_losses": expected, **results}
+
+
+def all_on(state_devices: dict[str, list[str]], device: str) -> bool:
+    """Whether every tensor ``probes.state_devices`` found is on ``device`` (a kind: ``cuda`` or ``cpu``)."""
+    return all(d.startswith(device) for where in state_devices.values() for d in where)
 
 
 def actor_config(setup: SmokeSetup, **rollout: Any) -> LabConfig:
@@ -161,7 +167,7 @@ def reshard(setup: SmokeSetup) -> dict[str, Any]:
         with setup.group(Role(SmokeActor, config), meshes=SmokeActor.meshes(config),
                          name=f"smoke-reshard-{strategy}") as actor:
             found = actor_round(actor)
-        on_device = all(d.startswith(setup.device) for where in found["state_devices"].values() for d in where)
+        on_device = all_on(found["state_devices"], setup.device)
         results[strategy] = {"ok": on_device and found["log_prob_gap"] < 1e-3, "log_prob_gap": found["log_prob_gap"],
                              "state_devices": found["state_devices"]}
         ok = ok and results[strategy]["ok"]
