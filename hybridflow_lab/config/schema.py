@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from hybridflow_lab.algorithms.kl import KL_ALIASES
 from hybridflow_lab.engines.train_base import OptimConfig
+from hybridflow_lab.models.lora import LoraConfig
 
 
 @dataclass
@@ -23,6 +24,7 @@ class EngineConfig:
     zero_stage: int = 2
     offload: bool = False
     bf16: bool = False
+    gradient_checkpointing: bool = False  # recompute each decoder layer's activations in the backward pass
 
 
 @dataclass
@@ -38,6 +40,7 @@ class RoleConfig:
     pool: str = "main"
     engine: EngineConfig = field(default_factory=EngineConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: train adapters, the base frozen
 
 
 @dataclass
@@ -145,12 +148,19 @@ class AlgorithmConfig:
 class TaskConfig:
     """Where prompts and rewards come from: a bundled task, or a GSM8K-format file."""
 
-    name: str = "arithmetic"  # a bundled task (arithmetic, countdown, sorting), or "gsm8k"
+    name: str = "arithmetic"  # a bundled task (arithmetic, countdown, sorting, word_problems), or "gsm8k"
     digits: int = 2  # arithmetic: digits per operand; countdown: digits per number
     operators: str = "+"  # arithmetic: drawn per prompt; countdown: those a puzzle's solution may use
     partial_credit: str = "format"  # arithmetic, sorting: "format" (well-formed answers) or "digits" (per digit)
     length: int = 4  # sorting: characters per prompt; countdown: numbers per puzzle
+    operations: int = 2  # word_problems: at most this many steps per story (1-3)
+    max_value: int = 20  # word_problems: the largest starting count and step amount
+    unformatted_credit: float = 0.0  # word_problems: score of the right number without '#### n' or \boxed{n}
+    format_credit: float = 0.0  # word_problems: score of a wrong answer in one of those formats
     dataset_path: str = ""  # gsm8k: .jsonl or .parquet
+    chat_template: bool | None = None  # render prompts with the tokenizer's chat template; None: when it has one
+    system_prompt: str = ""  # a system turn before each prompt (raw format: a line before it)
+    few_shot: int = 0  # worked examples (the task's demonstrations) shown before each prompt; bundled tasks
     eval_size: int = 64
     cost: str = ""  # safe_rlhf: a rule cost ("digit_cost")
     reward_on_error: str = "fail"  # a reward function that raises or returns NaN/inf: "fail", or "zero" (counted)

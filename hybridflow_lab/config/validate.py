@@ -180,6 +180,10 @@ def _check_role(config: LabConfig, name: str, role: RoleConfig) -> None:
     if role.engine.backend == "deepspeed" and config.trainer.on_nonfinite == "skip":
         raise ConfigError("trainer.on_nonfinite", f"the deepspeed engine of the {name} cannot drop an optimizer "
                           f"step; use stop, or {name}.engine.backend=torch or fsdp")
+    if role.lora.enabled and role.engine.tensor_parallel > 1:
+        raise ConfigError(f"{name}.lora.rank", f"LoRA adapters are not built for tensor-parallel shards ({name}"
+                          f".engine.tensor_parallel={role.engine.tensor_parallel}); set {name}.lora.rank=0 for full "
+                          f"fine-tuning, or {name}.engine.tensor_parallel=1")
     dp = _data_parallel(name, role)
     if batch.update_minibatch_sequences % dp:
         raise ConfigError(
@@ -293,6 +297,11 @@ def _check_rollout(config: LabConfig) -> None:
         raise ConfigError("rollout.tensor_parallel", f"generation TP {tg} must divide the actor's training TP {t} "
                           f"(actor.engine.tensor_parallel), so each generation shard is whole training shards; use "
                           f"one of {divisors(t)}, or raise actor.engine.tensor_parallel")
+    context = getattr(model, "max_position_embeddings", None)
+    if context and rollout.max_prompt_tokens + rollout.max_new_tokens > context:
+        raise ConfigError("rollout.max_prompt_tokens", f"{rollout.max_prompt_tokens} prompt tokens + "
+                          f"rollout.max_new_tokens={rollout.max_new_tokens} is more than the {context} positions of "
+                          f"{config.actor.model_path} (config.json's max_position_embeddings); lower them to fit")
     if rollout.dtype not in VLLM_DTYPES:
         raise ConfigError("rollout.dtype", f"{rollout.dtype!r} is not one of {VLLM_DTYPES}; leave it empty for the "
                           "actor's training dtype")

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridflow_lab.engines.train_base import OptimConfig, TrainEngine, build_optimizer, build_scheduler
+from hybridflow_lab.models.lora import has_adapters, trainable_parameters
 
 CHECKPOINT_TAG = "checkpoint"
 
@@ -82,7 +83,8 @@ class DeepSpeedEngine(TrainEngine):
         self.deepspeed = import_deepspeed(device)
         self.zero_stage, self.state_on_host = zero_stage, offload
         self.micro_batches_per_step = micro_batches_per_step
-        optimizer = build_optimizer(model.parameters(), optim)
+        optimizer = build_optimizer(trainable_parameters(model), optim)
+        self.adapters_only = has_adapters(model)  # a LoRA checkpoint holds the adapters, not the frozen base
         config = deepspeed_config(optim, zero_stage, micro_batch_size, micro_batches_per_step, offload, bf16)
         self.engine, self.optimizer, _, self.scheduler = self.deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=build_scheduler(optimizer, optim), config=config,
@@ -150,11 +152,13 @@ class DeepSpeedEngine(TrainEngine):
             yield from gathered
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        self.engine.save_checkpoint(str(path), tag=CHECKPOINT_TAG, client_state={"global_step": self.global_step})
+        self.engine.save_checkpoint(str(path), tag=CHECKPOINT_TAG, client_state={"global_step": self.global_step},
+                                    exclude_frozen_parameters=self.adapters_only)
         dist.barrier()
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
         if not (Path(path) / CHECKPOINT_TAG).is_dir():
             raise FileNotFoundError(f"no DeepSpeed checkpoint under {path}")
-        _, client_state = self.engine.load_checkpoint(str(path), tag=CHECKPOINT_TAG)
+        _, client_state = self.engine.load_checkpoint(str(path), tag=CHECKPOINT_TAG,
+                                                      load_module_strict=not self.adapters_only)
         self.global_step = int(client_state["global_step"])

@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 
 from hybridflow_lab.engines.train_base import OptimConfig, TorchOptimizerEngine
 from hybridflow_lab.models.decoder import DecoderLayer
+from hybridflow_lab.models.lora import has_adapters, trainable_names, trainable_parameters
 
 
 def shard_decoder(model: nn.Module, mesh: DeviceMesh, bf16: bool = False, offload: bool = False) -> None:
@@ -51,7 +52,7 @@ class FSDPEngine(TorchOptimizerEngine):
         if mesh is None:
             mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
         shard_decoder(model, mesh, bf16, offload)
-        super().__init__(model.parameters(), optim, mesh.get_group(), device=device)  # after sharding: DTensors
+        super().__init__(trainable_parameters(model), optim, mesh.get_group(), device=device)  # after sharding
         self.module = model
         self.state_on_host = offload
 
@@ -82,8 +83,9 @@ class FSDPEngine(TorchOptimizerEngine):
             yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor  # one all-gather each
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        """Sharded weights and optimizer state (torch.distributed.checkpoint) plus the schedule."""
-        state = {"model": get_model_state_dict(self.module),
+        """Sharded weights (under LoRA the adapters only) and optimizer state (torch.distributed.checkpoint) plus the
+        schedule."""
+        state = {"model": self._checkpointed_weights(),
                  "optimizer": get_optimizer_state_dict(self.module, self.optimizer)}
         dcp.save(state, checkpoint_id=str(Path(path) / "dcp"))
         if dist.get_rank() == 0:
@@ -92,11 +94,19 @@ class FSDPEngine(TorchOptimizerEngine):
         dist.barrier()
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        state = {"model": get_model_state_dict(self.module),
+        state = {"model": self._checkpointed_weights(),
                  "optimizer": get_optimizer_state_dict(self.module, self.optimizer)}
         dcp.load(state, checkpoint_id=str(Path(path) / "dcp"))
-        set_model_state_dict(self.module, state["model"])
+        partial = StateDictOptions(strict=not has_adapters(self.module))  # LoRA: the frozen base stays as built
+        set_model_state_dict(self.module, state["model"], options=partial)
         set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"])
         schedule = torch.load(Path(path) / "schedule.pt", weights_only=True)
         self.scheduler.load_state_dict(schedule["scheduler"])
         self.global_step = schedule["global_step"]
+
+    def _checkpointed_weights(self) -> dict[str, Any]:
+        state = get_model_state_dict(self.module)
+        if not has_adapters(self.module):
+            return state
+        trained = trainable_names(self.module)
+        return {name: tensor for name, tensor in state.items() if name in trained}

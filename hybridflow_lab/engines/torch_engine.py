@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hybridflow_lab.engines.train_base import OptimConfig, TorchOptimizerEngine
 from hybridflow_lab.models.factory import load_weights, save_model_dir
+from hybridflow_lab.models.lora import has_adapters, load_adapters, save_adapters, trainable_parameters
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, gather_state_dict
 
 
@@ -31,7 +32,7 @@ class TorchEngine(TorchOptimizerEngine):
     def __init__(self, model: nn.Module, optim: OptimConfig, group: dist.ProcessGroup | None = None,
                  tp: TensorParallel = SINGLE, device: str = "cpu", bf16: bool = False) -> None:
         model.to(device)
-        super().__init__(model.parameters(), optim, group, tp, device)
+        super().__init__(trainable_parameters(model), optim, group, tp, device)
         self._model = model
         self.bf16 = bf16
         self.module = DistributedDataParallel(model, process_group=group) if self.dp_size > 1 else model
@@ -60,11 +61,14 @@ class TorchEngine(TorchOptimizerEngine):
         return path / (f"optimizer-tp{self.tp.rank}.pt" if self.tp.enabled else "optimizer.pt")
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
-        """An HF model directory (full weights) and each TP shard's optimizer state (``weights_only`` loadable)."""
+        """An HF model directory (full weights; under LoRA the adapters only) and each TP shard's optimizer state
+        (``weights_only`` loadable)."""
         path = Path(path)
         state = self.full_state_dict()  # collective under TP
         if not dist.is_initialized() or dist.get_rank(self.group) == 0:
-            if self.tp.rank == 0:
+            if self.tp.rank == 0 and has_adapters(self._model):
+                save_adapters(self._model, path, state)
+            elif self.tp.rank == 0:
                 save_model_dir(self._model, path, state=state)
             if self.tp.enabled:
                 dist.barrier(group=self.tp.group)  # the directory exists before the other shards write into it
@@ -75,7 +79,10 @@ class TorchEngine(TorchOptimizerEngine):
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
         path = Path(path)
-        load_weights(self._model, path, self.tp)
+        if has_adapters(self._model):
+            load_adapters(self._model, path)
+        else:
+            load_weights(self._model, path, self.tp)
         state = torch.load(self._optimizer_file(path), weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

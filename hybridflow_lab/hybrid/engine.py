@@ -8,7 +8,8 @@ Three cases, chosen from the config:
   ``tg``) with ``rollout.reshard``'s strategy before each generation, and back after it.
 - **gathered copy**: ZeRO-3 and FSDP hold 1/N of every weight; after each update the full weights
   are gathered into a separate generation model (DeepSpeed-Chat's scheme). vLLM is always fed
-  this way: its engine holds its own copy of the weights.
+  this way: its engine holds its own copy of the weights. An actor trained with LoRA adapters is
+  too: the copy gets the merged weights (``W + s B A``), so generation runs at the plain model's speed.
 
 Every transition that moves or gathers weights is recorded as a ``transfer`` span with the bytes
 this rank received, the parameter bytes it held at the peak and the bytes held twice; a sync into
@@ -30,6 +31,7 @@ from hybridflow_lab.hybrid.layout import HybridLayout
 from hybridflow_lab.hybrid.reshard import Groups, Resharder, TransitionStats
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.models.decoder import DecoderLM
+from hybridflow_lab.models.lora import has_adapters, merged_weights
 from hybridflow_lab.telemetry import Phase
 
 SpanFn = Callable[..., AbstractContextManager[dict[str, Any]]]
@@ -74,8 +76,9 @@ class HybridEngine:
     def __init__(self, config: LabConfig, engine: TrainEngine, rank: int, groups: Callable[[], Groups],
                  span: SpanFn, load_copy: WeightSink | None = None) -> None:
         self.layout, self.engine, self.span = actor_layout(config), engine, span
-        self.whole = weights_whole(config)
-        self.gather_ways = self.layout.t if self.whole else config.actor.ranks  # ranks a full copy is gathered from
+        self.adapted = has_adapters(engine.model)
+        self.whole = weights_whole(config) and not self.adapted  # adapters merge into a copy
+        self.gather_ways = self.layout.t if weights_whole(config) else config.actor.ranks  # ranks gathered from
         self.resharder: Resharder | None = None
         self.model: DecoderLM | None = None
         self.load_copy: WeightSink | None = None
@@ -135,7 +138,8 @@ class HybridEngine:
         if self.load_copy is None or not self.stale:
             return
         with self.span("weight_sync", phase=Phase.TRANSFER) as attrs:
-            stats = self.load_copy(self.engine.full_weights())
+            weights = self.engine.full_weights()
+            stats = self.load_copy(merged_weights(weights, self.engine.model) if self.adapted else weights)
             full = stats["copied_bytes"]
             attrs.update(stats, bytes_moved=full - full // self.gather_ways)
         self.stale = False

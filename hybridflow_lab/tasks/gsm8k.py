@@ -5,39 +5,21 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from decimal import Decimal
 from pathlib import Path
 
+from hybridflow_lab.tasks.answers import NUMBER, extract_answer, same_number
 from hybridflow_lab.tasks.base import Example
 
 DATA_SOURCE = "gsm8k"
 SUFFIXES = (".jsonl", ".parquet")
 ROW_FORMAT = "each row needs a non-empty string 'question' and a string 'answer' ending in '#### <number>'"
-_NUMBER = r"(?:(?<!\d)-)?\d+(?:,\d{3}(?!\d))*(?:\.\d+)?"  # "4-9" is 4 and 9; "=-5" is -5
-_STRICT = re.compile(rf"####\s*({_NUMBER})")
-_ANY = re.compile(_NUMBER)
+_DATASET_ANSWER = re.compile(rf"####\s*({NUMBER})")  # a dataset row's answer field has one '#### n'
 
 
-def extract_answer(text: str, mode: str = "strict") -> str | None:
-    """The final answer in ``text`` without thousands separators, or None if there is none.
-
-    ``strict``: the number right after the first ``####``; ``flexible``: the last number anywhere.
-    """
-    if mode == "strict":
-        match = _STRICT.search(text)
-        found = match.group(1) if match else None
-    elif mode == "flexible":
-        numbers = _ANY.findall(text)
-        found = numbers[-1] if numbers else None
-    else:
-        raise ValueError(f"mode must be 'strict' or 'flexible', got {mode!r}")
-    return found.replace(",", "") if found is not None else None
-
-
-def gsm8k_reward(prompt: str, response: str, ground_truth: str, mode: str = "flexible") -> float:
-    """1.0 if the answer extracted from ``response`` equals ``ground_truth`` as a number ("42" == "42.0")."""
-    found = extract_answer(response, mode)
-    return float(found is not None and Decimal(found) == Decimal(ground_truth.replace(",", "")))
+def gsm8k_reward(prompt: str, response: str, ground_truth: str, mode: str = "lenient") -> float:
+    """1.0 if the answer extracted from ``response`` (``extract_answer`` in ``mode``) equals ``ground_truth``
+    as a number ("42" == "42.0"), else 0.0."""
+    return float(same_number(extract_answer(response, mode), ground_truth))
 
 
 def load_gsm8k(path: str | Path) -> list[Example]:
@@ -97,10 +79,10 @@ def _example(row: object, path: Path, number: int) -> Example:
             raise _row_error(path, number, f"{key!r} is {problem}")
     if not row["question"].strip():
         raise _row_error(path, number, "'question' is empty")
-    truth = extract_answer(row["answer"], "strict")
-    if truth is None:
+    marked = _DATASET_ANSWER.search(row["answer"])
+    if marked is None:
         raise _row_error(path, number, f"'answer' has no '#### <number>': {row['answer'][-60:]!r}")
-    return Example(row["question"], truth, DATA_SOURCE)
+    return Example(row["question"], marked.group(1).replace(",", ""), DATA_SOURCE)
 
 
 def _row_error(path: Path, number: int, problem: str) -> ValueError:

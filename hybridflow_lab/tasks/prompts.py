@@ -1,17 +1,55 @@
-"""Turning prompt texts into the left-padded batch that generation takes."""
+"""Turning prompt texts into the left-padded batch that generation takes, through the model's chat template."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
 from hybridflow_lab.protocol import DataBatch
 
 
-def token_counts(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[int]:
-    """How many tokens each text has as a prompt (no special tokens added)."""
-    return [len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer carries a chat template (instruct models' tokenizers do; this project's toys don't)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a task's prompt becomes the text the model reads.
+
+    With ``chat`` the tokenizer's chat template renders an optional system turn, each worked example of
+    ``shots`` (prompt, answer) as a user turn and the assistant's reply, the prompt as the user's turn and the
+    assistant's generation prompt. Otherwise the text is the system prompt and a newline when one is set, each
+    worked example's prompt and answer on a line of its own, then the prompt.
+    """
+
+    chat: bool = False
+    system_prompt: str = ""
+    shots: tuple[tuple[str, str], ...] = ()
+
+    def render(self, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[str]:
+        """The model-facing text of each prompt (special tokens written out, e.g. ``<|im_start|>``)."""
+        if not self.chat:
+            head = "".join(f"{line}\n" for line in [self.system_prompt] if line)
+            head += "".join(f"{prompt}{answer}\n" for prompt, answer in self.shots)
+            return [head + text for text in texts]
+        turns = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        for prompt, answer in self.shots:
+            turns += [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+        return [tokenizer.apply_chat_template([*turns, {"role": "user", "content": text}], tokenize=False,
+                                              add_generation_prompt=True) for text in texts]
+
+
+RAW = PromptFormat()
+
+
+def token_counts(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str],
+                 prompt_format: PromptFormat = RAW) -> list[int]:
+    """How many tokens each text has as a prompt once rendered by ``prompt_format`` (no special tokens added)."""
+    rendered = prompt_format.render(tokenizer, texts)
+    return [len(ids) for ids in tokenizer(rendered, add_special_tokens=False)["input_ids"]]
 
 
 def encode_prompts(
@@ -20,19 +58,22 @@ def encode_prompts(
     max_tokens: int,
     ground_truths: Sequence[object] | None = None,
     pad_to_max: bool = False,
+    prompt_format: PromptFormat = RAW,
 ) -> DataBatch:
-    """``input_ids`` / ``attention_mask`` left-padded to the longest prompt, plus ``prompt_text``.
+    """``input_ids`` / ``attention_mask`` of the rendered prompts, left-padded to the longest, plus ``prompt_text``
+    (the task's own text, which reward functions see).
 
-    A prompt longer than ``max_tokens`` is an error naming its row (truncating a prompt
+    A rendered prompt longer than ``max_tokens`` is an error naming its row (truncating a prompt
     silently changes the task).
     """
-    for row, count in enumerate(token_counts(tokenizer, texts)):
+    for row, count in enumerate(token_counts(tokenizer, texts, prompt_format)):
         if count > max_tokens:
             raise ValueError(f"prompt row {row} has {count} tokens, more than max_prompt_tokens={max_tokens}: "
                              f"{texts[row][:60]!r}; raise rollout.max_prompt_tokens or shorten the prompt")
     tokenizer.padding_side = "left"
+    rendered = prompt_format.render(tokenizer, texts)
     padding = {"padding": "max_length", "max_length": max_tokens} if pad_to_max else {"padding": True}
-    encoded = tokenizer(list(texts), add_special_tokens=False, return_tensors="pt", **padding)
+    encoded = tokenizer(rendered, add_special_tokens=False, return_tensors="pt", **padding)
     columns: dict[str, object] = {"prompt_text": list(texts)}
     if ground_truths is not None:
         columns["ground_truth"] = list(ground_truths)

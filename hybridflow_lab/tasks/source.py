@@ -75,6 +75,13 @@ def held_out(task: Task, n: int, seed: int) -> list[Example]:
     return [task.sample(random.Random(f"eval:{seed}:{i}")) for i in range(n)]
 
 
+def worked_examples(task: Task, n: int, seed: int) -> list[tuple[str, str]]:
+    """``n`` (prompt, demonstration) pairs for a few-shot prompt, from their own seed namespace (apart from the
+    training stream and the held-out set, though a task with few distinct problems can repeat one)."""
+    examples = [task.sample(random.Random(f"shots:{seed}:{i}")) for i in range(n)]
+    return [(example.prompt, task.demonstration(example)) for example in examples]
+
+
 def split_examples(examples: Sequence[Example], eval_fraction: float, seed: int) -> tuple[list[Example],
                                                                                          list[Example]]:
     """A seeded (train, eval) split of a dataset; both parts keep the original order."""

@@ -37,7 +37,7 @@ from hybridflow_lab.trainer.dataflows import DATAFLOWS, ESTIMATOR_OF, check_algo
 from hybridflow_lab.trainer.metrics import accuracy, data_metrics, throughput
 from hybridflow_lab.trainer.presets import resolve_config
 from hybridflow_lab.trainer.run_log import MetricsLog
-from hybridflow_lab.trainer.samples import sample_rows
+from hybridflow_lab.trainer.samples import rendered_prompts, sample_rows
 from hybridflow_lab.trainer.stage_summary import StageSummary
 from hybridflow_lab.trainer.stages import Stage
 from hybridflow_lab.trainer.task_setup import build_task
@@ -103,6 +103,7 @@ class Lab:
         self.history: list[dict[str, float]] = []  # each step's metrics, with its "step"
         self.samples: list[dict[str, Any]] = []  # a few rows of each step's batch, with their "step"
         self.last_batch: DataBatch | None = None
+        self.last_eval: DataBatch | None = None  # the last evaluation's greedy responses and scores
         self._dashboard: Any = None
         self._step_listeners: list[Callable[[dict[str, float]], None]] = []
         self.groups: dict[str, WorkerGroup] = {}
@@ -291,7 +292,8 @@ class Lab:
     def _encode(self, examples: list[Example]) -> DataBatch:
         texts, truths = [e.prompt for e in examples], [e.answer for e in examples]
         rollout = self.config.rollout
-        return encode_prompts(self.tokenizer, texts, rollout.max_prompt_tokens, truths, rollout.pad_prompts)
+        return encode_prompts(self.tokenizer, texts, rollout.max_prompt_tokens, truths, rollout.pad_prompts,
+                              self.task.prompt_format)
 
     def generate(self, prompts: DataBatch, greedy: bool = False, n: int | None = None) -> DataBatch:
         """Responses from the actor (``samples_per_prompt`` per prompt unless ``n``)."""
@@ -446,22 +448,33 @@ class Lab:
         return results
 
     def evaluate(self, examples: list[Example] | None = None) -> dict[str, float]:
-        """Greedy accuracy and mean score on the held-out examples."""
+        """Greedy accuracy, mean score and mean response length (tokens) on the held-out examples; the responses
+        and their scores stay in ``last_eval``."""
         examples = examples if examples is not None else self.task.eval_examples
         with self._stage(Stage.EVALUATE):
             out = self.actor.generate_sequences(self._encode(examples), greedy=True, n=1, seed=0)
             scores = rule_scores(out, self.task.reward, self.reward_guard)["scores"]
-        return {"eval/accuracy": accuracy(scores), "eval/score": float(scores.mean())}
+        self.last_eval = out.union(DataBatch({"scores": scores}))
+        return {"eval/accuracy": accuracy(scores), "eval/score": float(scores.mean()),
+                "eval/response_length": float(out["response_mask"].sum(-1).float().mean())}
 
-    def show(self, batch: DataBatch | None = None, rows: int = 8) -> Any:
-        """Prompts, responses, scores and mean advantages as a table (default: the last step's batch)."""
+    def show(self, batch: DataBatch | None = None, rows: int = 8, special_tokens: bool = False) -> Any:
+        """Prompts, responses, scores and mean advantages as a table (default: the last step's batch).
+
+        ``prompt`` is the text the model read: the prompt as rendered by the chat template, its special
+        tokens (``<|im_start|>``...) written out with ``special_tokens``.
+        """
         import pandas as pd
 
         if batch is None:
             if self.last_batch is None:
                 raise RuntimeError("no step has run yet; pass a batch (e.g. lab.show(lab.generate(...)))")
             batch = self.last_batch
-        return pd.DataFrame(sample_rows(batch, rows))
+        table = sample_rows(batch, rows)
+        for row, prompt in zip(table, rendered_prompts(self.tokenizer, batch[: len(table)], special_tokens),
+                               strict=True):
+            row["prompt"] = prompt
+        return pd.DataFrame(table)
 
     # ------------------------------------------------------------------ notebook
     # The UI layer sits above the trainer; it is imported on use so that scripts never load widgets.

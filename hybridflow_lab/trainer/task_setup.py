@@ -24,8 +24,9 @@ from hybridflow_lab.tasks import (
     load_gsm8k_rows,
     make_task,
     split_examples,
+    worked_examples,
 )
-from hybridflow_lab.tasks.prompts import token_counts
+from hybridflow_lab.tasks.prompts import PromptFormat, has_chat_template, token_counts
 
 RuleFn = Callable[[str, str, str], float]
 COSTS: dict[str, RuleFn] = {"digit_cost": digit_cost}
@@ -41,6 +42,7 @@ class TaskSetup:
     source: PromptSource
     reward: RuleFn
     eval_examples: list[Example]
+    prompt_format: PromptFormat = field(default_factory=PromptFormat)
     task: Task | None = None  # a bundled task (for demonstrations); None for a dataset
     cost: RuleFn | None = None
     shaping: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda lengths: torch.zeros(len(lengths)))
@@ -51,8 +53,11 @@ TASK_SETTINGS: dict[str, Callable[[TaskConfig], dict[str, Any]]] = {
     "arithmetic": lambda c: {"digits": c.digits, "operators": c.operators, "partial_credit": c.partial_credit},
     "countdown": lambda c: {"numbers": c.length, "digits": c.digits, "operators": c.operators},
     "sorting": lambda c: {"length": c.length, "partial_credit": c.partial_credit},
+    "word_problems": lambda c: {"operations": c.operations, "max_value": c.max_value,
+                                "unformatted_credit": c.unformatted_credit, "format_credit": c.format_credit},
 }
-PROMPT_LENGTH_SETTING = {"arithmetic": "task.digits", "countdown": "task.length", "sorting": "task.length"}
+PROMPT_LENGTH_SETTING = {"arithmetic": "task.digits", "countdown": "task.length", "sorting": "task.length",
+                         "word_problems": "task.operations"}
 
 
 def build_task(config: LabConfig) -> TaskSetup:
@@ -69,8 +74,26 @@ def build_task(config: LabConfig) -> TaskSetup:
     return setup
 
 
+def _prompt_format(config: LabConfig, task: Task | None) -> PromptFormat:
+    """The chat template when ``task.chat_template`` asks for it (by default: when the tokenizer has one), and
+    ``task.few_shot`` of ``task``'s worked examples (None: a dataset, whose rows carry no demonstrations)."""
+    task_config, path = config.task, config.actor.model_path
+    if task_config.few_shot < 0 or (task_config.few_shot and task is None):
+        raise ConfigError("task.few_shot", f"is {task_config.few_shot}; worked examples come from a bundled task's "
+                          "demonstrations, so use 0 here (or a bundled task, e.g. task.name=word_problems)")
+    available = has_chat_template(load_tokenizer(path))
+    if task_config.chat_template and not available:
+        raise ConfigError("task.chat_template", f"is true, but the tokenizer of {path} has no chat template "
+                          "(tokenizer_config.json's chat_template); set task.chat_template=false for raw prompts, "
+                          "or save a template with the tokenizer (tokenizer.chat_template = ...; save_pretrained)")
+    chat = available if task_config.chat_template is None else task_config.chat_template
+    shots = worked_examples(task, task_config.few_shot, config.seed) if task is not None else []
+    return PromptFormat(chat, task_config.system_prompt, tuple(shots))
+
+
 def _dataset_setup(config: LabConfig, cost: RuleFn | None) -> TaskSetup:
     path, seed = config.task.dataset_path, config.seed
+    prompt_format = _prompt_format(config, None)
     if not path:
         raise ConfigError("task.dataset_path", f"the {DATASET_TASK} task needs a .jsonl or .parquet file")
     try:
@@ -80,10 +103,12 @@ def _dataset_setup(config: LabConfig, cost: RuleFn | None) -> TaskSetup:
     if len(rows) < MIN_DATASET_ROWS:
         raise ConfigError("task.dataset_path", f"{path} has {len(rows)} rows, too few to hold out "
                           f"{EVAL_FRACTION:.0%} of them for evaluation; give a file with at least {MIN_DATASET_ROWS}")
-    _check_prompt_lengths(config, [(f"{path}, row {number}, the prompt", example.prompt) for number, example in rows],
+    _check_prompt_lengths(config, prompt_format, [(f"{path}, row {number}, the prompt", example.prompt)
+                                                  for number, example in rows],
                           f"or shorten or drop those rows of {path}")
     train, evaluation = split_examples([example for _, example in rows], EVAL_FRACTION, seed)
-    return TaskSetup(PromptSource(train, seed), gsm8k_reward, evaluation[: config.task.eval_size], cost=cost)
+    return TaskSetup(PromptSource(train, seed), gsm8k_reward, evaluation[: config.task.eval_size], prompt_format,
+                     cost=cost)
 
 
 def _bundled_setup(config: LabConfig, cost: RuleFn | None) -> TaskSetup:
@@ -100,22 +125,27 @@ def _bundled_setup(config: LabConfig, cost: RuleFn | None) -> TaskSetup:
     except (TypeError, ValueError) as exc:
         setting = str(exc).split()[0]  # the tasks' messages start with the bad setting's name
         raise ConfigError(f"task.{setting}" if hasattr(task_config, setting) else "task.name", str(exc)) from None
+    prompt_format = _prompt_format(config, task)
     evaluation = held_out(task, task_config.eval_size, seed)
     length_setting = PROMPT_LENGTH_SETTING.get(task_config.name, "the task's settings")
-    _check_prompt_lengths(config, [(f"the {task_config.name} task's held-out prompt {e.prompt!r}", e.prompt)
-                                   for e in evaluation], f"or lower {length_setting}")
-    return TaskSetup(PromptSource(task, seed), task.reward, evaluation, task, cost)
+    _check_prompt_lengths(config, prompt_format, [(f"the {task_config.name} task's held-out prompt {e.prompt!r}",
+                                                   e.prompt) for e in evaluation], f"or lower {length_setting}")
+    return TaskSetup(PromptSource(task, seed), task.reward, evaluation, prompt_format, task, cost)
 
 
-def _check_prompt_lengths(config: LabConfig, prompts: Sequence[tuple[str, str]], other_fix: str) -> None:
-    """Every prompt (``(where it comes from, text)``) fits ``rollout.max_prompt_tokens`` under the actor's tokenizer:
-    a longer one would fail only once workers generate."""
+def _check_prompt_lengths(config: LabConfig, prompt_format: PromptFormat, prompts: Sequence[tuple[str, str]],
+                          other_fix: str) -> None:
+    """Every prompt (``(where it comes from, text)``), rendered by ``prompt_format``, fits
+    ``rollout.max_prompt_tokens`` under the actor's tokenizer: a longer one would fail only once workers generate."""
     limit = config.rollout.max_prompt_tokens
     tokenizer = load_tokenizer(config.actor.model_path)
-    counts = token_counts(tokenizer, [text for _, text in prompts])
+    counts = token_counts(tokenizer, [text for _, text in prompts], prompt_format)
     too_long = [i for i, count in enumerate(counts) if count > limit]
     if too_long:
         first = too_long[0]
-        raise ConfigError("rollout.max_prompt_tokens", f"{prompts[first][0]}: {counts[first]} tokens, more than "
-                          f"rollout.max_prompt_tokens={limit} ({len(too_long)} of {len(prompts)} prompts are too "
-                          f"long); raise rollout.max_prompt_tokens to {max(counts)}, {other_fix}")
+        rendered = " once rendered with the chat template" if prompt_format.chat else ""
+        raise ConfigError("rollout.max_prompt_tokens", f"{prompts[first][0]}: {counts[first]} tokens{rendered}, "
+                          f"more than rollout.max_prompt_tokens={limit} ({len(too_long)} of {len(prompts)} prompts "
+                          f"are too long); raise rollout.max_prompt_tokens to {max(counts)}, {other_fix}"
+                          f"{', or shorten task.system_prompt' if prompt_format.system_prompt else ''}"
+                          f"{', or lower task.few_shot' if prompt_format.shots else ''}")

@@ -26,6 +26,7 @@ from hybridflow_lab.hybrid.engine import HybridEngine, actor_layout, actor_meshe
 from hybridflow_lab.hybrid.reshard import process_groups
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.models.decoder import shard_model
+from hybridflow_lab.models.lora import adapters_disabled
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
 from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
@@ -77,8 +78,9 @@ class ActorWorker(TrainedRole):
         self.layout = actor_layout(config)
         tp, dp_group = self._training_parallelism()
         self.engine = self.build_engine(config.actor, shard_model(load_causal_lm(path), tp), dp_group, tp)
+        # no stage reads a reference without a KL term; under LoRA it is the base, the adapters switched off
         self.reference = self._reference(shard_model(load_causal_lm(path), tp)) \
-            if config.algorithm.uses_reference else None  # no stage reads it without a KL term
+            if config.algorithm.uses_reference and not config.actor.lora.enabled else None
         self.rollout: TorchRollout | VllmRollout
         params, eos, pad = sampling_params(config), self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         if config.rollout.engine == "vllm":
@@ -160,7 +162,11 @@ class ActorWorker(TrainedRole):
 
     @register(Dispatch.MESH("train"))
     def compute_ref_log_prob(self, batch: DataBatch) -> DataBatch:
-        """Log-probs of the responses under the frozen reference policy (``ref_log_probs``)."""
+        """Log-probs of the responses under the frozen reference policy (``ref_log_probs``): a model of its own, or
+        under LoRA the actor's base weights with the adapters switched off (no second copy in memory)."""
+        if self.config.actor.lora.enabled:
+            with adapters_disabled(self.engine.model):
+                return DataBatch({"ref_log_probs": self._log_probs(self.engine.module, batch, False)["log_probs"]})
         if self.reference is None:
             raise RuntimeError("this actor holds no reference policy: it is built only for a KL term; set "
                                "algorithm.kl_loss_coef or algorithm.kl_reward_coef > 0")

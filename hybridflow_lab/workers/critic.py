@@ -17,6 +17,8 @@ from hybridflow_lab.workers.trained_role import TrainedRole
 class CriticWorker(TrainedRole):
     """Value model on one rank; starts from ``critic.model_path`` (default: the actor's backbone)."""
 
+    trained_heads = ("score",)  # under LoRA the value head is trained in full
+
     def __init__(self, config: LabConfig) -> None:
         torch.manual_seed(config.seed)
         self.config = config

@@ -9,6 +9,8 @@ from hybridflow_lab.config import LabConfig, RoleConfig
 from hybridflow_lab.controller import Dispatch, Worker, register
 from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.train_base import TrainEngine
+from hybridflow_lab.models.decoder import enable_gradient_checkpointing
+from hybridflow_lab.models.lora import apply_lora
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
 from hybridflow_lab.workers.batching import per_rank_minibatch
 
@@ -18,6 +20,7 @@ class TrainedRole(Worker):
 
     config: LabConfig
     engine: TrainEngine
+    trained_heads: tuple[str, ...] = ()  # parameters trained with the LoRA adapters (a critic's value head)
 
     @property
     def data_parallel_size(self) -> int:
@@ -28,8 +31,12 @@ class TrainedRole(Worker):
                      tp: TensorParallel = SINGLE) -> TrainEngine:
         """``role``'s training engine around ``model`` (this rank's ``tp`` shard, on the CPU: the engine places it
         on this rank's device), sized by the run's batch config; gradients are averaged over ``dp_group``
-        (default: all ranks). Collective."""
+        (default: all ranks); ``role.lora`` puts adapters on it first. Collective."""
         batch, engine = self.config.batch, role.engine
+        if role.lora.enabled:
+            apply_lora(model, role.lora, self.trained_heads)
+        if engine.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
         micro = batch.micro_batch_sequences_per_rank
         return build_train_engine(
             engine.backend, model, role.optim, zero_stage=engine.zero_stage, micro_batch_size=micro,
