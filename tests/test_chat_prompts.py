@@ -62,7 +62,8 @@ def test_few_shot_prompts_show_the_tasks_demonstrations_from_their_own_seed(chat
     assert lab.show(batch)["prompt"][0].startswith(f"<user>{shots[0][0]}\n<assistant>{shots[0][1]}\n")
     with pytest.raises(ConfigError, match=r"task\.few_shot: is 2; worked examples come from a bundled task's"):
         Lab("arithmetic_grpo", start=False, overrides=local_overrides(
-            chat_model, tmp_path, "task.few_shot=2", "task.name=gsm8k", "task.dataset_path=tests/data/gsm8k_sample.jsonl"))
+            chat_model, tmp_path, "task.few_shot=2", "task.name=gsm8k",
+            "task.dataset_path=tests/data/gsm8k_sample.jsonl"))
 
 
 def test_a_lab_renders_prompts_with_the_template_by_default_and_shows_them(chat_model, tmp_path):
