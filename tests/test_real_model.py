@@ -33,6 +33,7 @@ def test_the_packaged_smollm2_imports_with_the_logits_of_the_gguf_model(smollm2)
     json.dumps(report.as_dict())
     config = load_config(out)
     assert not hasattr(config, "quantization_config") and config.tie_word_embeddings
+    assert config.architectures == ["LlamaForCausalLM"]  # vLLM picks its model class by this
     assert load_causal_lm(out).lm_head.weight is not None
 
 

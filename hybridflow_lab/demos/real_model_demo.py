@@ -5,7 +5,8 @@ directory. The run is the ``smollm2_grpo`` preset: arithmetic word problems (``w
 model's chat template with one worked example, rewarded 1.0 for the right number after ``####`` (the strict
 extractor). Held-out greedy accuracy (strict), the format-compliance rate (answers the strict extractor reads at
 all) and the mean response length are measured before RL, every ``eval_every`` steps and after; the run stops
-after ``minutes`` of RL (or ``steps``), and prints a JSON summary.
+after ``minutes`` of RL (or ``steps``), and prints a JSON summary. On a CPU with native bfloat16 matmuls
+(AVX512-BF16 or AMX) the actor computes under bf16 autocast over float32 weights, about 1.6x faster here.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ def imported_model(root: Path) -> Path:
     return path
 
 
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively (elsewhere bf16 is emulated, and slower than fp32)."""
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
 def held_out(lab: Lab) -> dict[str, float]:
     """Greedy strict accuracy, format compliance and mean response length on the held-out problems."""
     metrics = lab.evaluate()
@@ -41,19 +48,21 @@ def held_out(lab: Lab) -> dict[str, float]:
             "response_tokens": round(metrics["eval/response_length"], 1)}
 
 
-def main(run_dir: str = "runs/demo-smollm2", minutes: float = 30.0, steps: int = 1000, eval_every: int = 10,
+def main(run_dir: str = "runs/demo-smollm2", minutes: float = 30.0, steps: int = 1000, eval_every: int = 5,
          seed: int = 0, rollout_engine: str = "torch", *overrides: str) -> dict[str, object]:
     """Run the demo: at most ``steps`` GRPO steps, stopping once ``minutes`` of RL have passed."""
     start = time.perf_counter()
     root = Path(run_dir)
     model = imported_model(root)
     quiet_ray()
+    bf16 = native_bf16()
     lab = Lab(PRESET, overrides=(f"actor.model_path={model}", f"trainer.run_dir={root / 'grpo'}", f"seed={seed}",
-                                 f"rollout.engine={rollout_engine}", "trainer.progress=false", *overrides))
+                                 f"rollout.engine={rollout_engine}", f"actor.engine.bf16={str(bf16).lower()}",
+                                 "trainer.progress=false", *overrides))
     before = held_out(lab)
     print(f"[demo] SmolLM2-135M-Instruct, LoRA rank {lab.config.actor.lora.rank}, on {lab.config.actor.ranks} Ray "
-          f"ranks; held-out strict accuracy {before['accuracy']:.3f}, format {before['format_rate']:.3f}; GRPO for "
-          f"up to {minutes:g} minutes", flush=True)
+          f"ranks, {'bf16 autocast' if bf16 else 'float32'}; held-out strict accuracy {before['accuracy']:.3f}, "
+          f"format {before['format_rate']:.3f}; GRPO for up to {minutes:g} minutes", flush=True)
     curve, rl_start, done = {0: before}, time.perf_counter(), 0
     while done < steps and time.perf_counter() - rl_start < 60 * minutes:
         metrics = lab.step()
@@ -69,7 +78,8 @@ def main(run_dir: str = "runs/demo-smollm2", minutes: float = 30.0, steps: int =
     lab.save()
     lab.shutdown()
     print(accuracy_curve({step: point["accuracy"] for step, point in curve.items()}))
-    summary = {"model": "SmolLM2-135M-Instruct", "seed": seed, "steps": done, "rl_minutes": round(rl_seconds / 60, 1),
+    summary = {"model": "SmolLM2-135M-Instruct", "seed": seed, "bf16": bf16, "steps": done,
+               "rl_minutes": round(rl_seconds / 60, 1),
                "accuracy_before_rl": before["accuracy"], "accuracy_after_rl": after["accuracy"],
                "gain_points": round(100 * (after["accuracy"] - before["accuracy"]), 1),
                "format_rate_before": before["format_rate"], "format_rate_after": after["format_rate"],

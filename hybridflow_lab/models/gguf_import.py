@@ -118,6 +118,7 @@ def import_gguf(source: str | os.PathLike[str], out: str | os.PathLike[str],
         tokenizer.pad_token = tokenizer.eos_token
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config  # the written weights are plain tensors
+    model.config.architectures = [type(model).__name__]  # what vLLM and AutoModel pick the model class by
     save_model_dir(model, out, tokenizer)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
 
