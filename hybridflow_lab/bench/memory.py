@@ -20,10 +20,10 @@ import torch
 
 from hybridflow_lab.bench.train import synthetic_batch
 from hybridflow_lab.controller import Dispatch, ResourcePool, Role, Worker, WorkerGroup, init_cluster, register
-from hybridflow_lab.controller.memory import resident_mb
+from hybridflow_lab.controller.memory import peak_resident_mb, resident_mb
 from hybridflow_lab.engines import OptimConfig, build_train_engine
 from hybridflow_lab.engines.forward import count_response_tokens, response_log_probs, response_nll
-from hybridflow_lab.models import create_model_dir, load_causal_lm
+from hybridflow_lab.models import create_model_dir, load_causal_lm, load_config
 from hybridflow_lab.models.decoder import enable_gradient_checkpointing
 from hybridflow_lab.models.lora import LoraConfig, adapters_disabled, apply_lora
 
@@ -39,14 +39,6 @@ class MemorySetting:
 
 SETTINGS = (MemorySetting("full"), MemorySetting("full+checkpointing", gradient_checkpointing=True),
             MemorySetting("lora", lora_rank=16), MemorySetting("lora+checkpointing", 16, True))
-
-
-def peak_resident_mb() -> float:
-    """This process's high-water resident set in MiB (``VmHWM``)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise ValueError("/proc/self/status has no VmHWM")
 
 
 class MemoryBenchWorker(Worker):
@@ -95,7 +87,7 @@ def run(model: str = "smollm2", rows: int = 8, prompt: int = 64, response: int =
     init_cluster()
     with tempfile.TemporaryDirectory() as tmp:
         path = _model_dir(model, Path(tmp))
-        vocab = load_causal_lm(path).config.vocab_size
+        vocab = load_config(path).vocab_size
         batch = synthetic_batch(rows, prompt, response, vocab)
         results = []
         for setting in settings:

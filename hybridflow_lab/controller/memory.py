@@ -13,10 +13,19 @@ import torch
 
 def resident_mb(pid: int | None = None) -> float:
     """Resident memory of process ``pid`` (default: this one) in MiB, from ``/proc``."""
+    return _status_mib("VmRSS", pid)
+
+
+def peak_resident_mb(pid: int | None = None) -> float:
+    """The high-water resident memory of process ``pid`` (default: this one) in MiB (``VmHWM``)."""
+    return _status_mib("VmHWM", pid)
+
+
+def _status_mib(field: str, pid: int | None) -> float:
     for line in Path(f"/proc/{pid or os.getpid()}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise ValueError(f"/proc/{pid}/status has no VmRSS")
+    raise ValueError(f"/proc/{pid or os.getpid()}/status has no {field}")
 
 
 def memory_report(release: bool = False) -> dict[str, float]:

@@ -62,7 +62,6 @@ class LoraLinear(nn.Module):
 
     def __init__(self, base: nn.Linear, config: LoraConfig) -> None:
         super().__init__()
-        self.in_features, self.out_features = base.in_features, base.out_features
         self.weight = base.weight
         self.bias = base.bias
         self.lora_A = nn.Parameter(torch.empty(config.rank, base.in_features, device=base.weight.device))
@@ -77,9 +76,6 @@ class LoraLinear(nn.Module):
         if not self.adapters_enabled:
             return out
         return out + F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B) * self.scaling
-
-    def merged_weight(self) -> torch.Tensor:
-        return merge(self.weight, self.lora_A, self.lora_B, self.scaling)
 
 
 def merge(weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -182,7 +178,7 @@ def load_adapters(model: nn.Module, path: str | os.PathLike[str]) -> None:
     if not (path / ADAPTER_WEIGHTS).is_file():
         raise FileNotFoundError(f"{path} has no {ADAPTER_WEIGHTS}: not a LoRA checkpoint")
     weights = load_file(path / ADAPTER_WEIGHTS)
-    expected = set(trainable_state(model))
+    expected = trainable_names(model)
     if set(weights) != expected:
         missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
         raise ValueError(f"the adapters in {path} do not match the model's: missing {missing[:4]}, unexpected "

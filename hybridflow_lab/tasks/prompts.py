@@ -66,12 +66,12 @@ def encode_prompts(
     A rendered prompt longer than ``max_tokens`` is an error naming its row (truncating a prompt
     silently changes the task).
     """
-    for row, count in enumerate(token_counts(tokenizer, texts, prompt_format)):
+    rendered = prompt_format.render(tokenizer, texts)
+    for row, count in enumerate(token_counts(tokenizer, rendered)):
         if count > max_tokens:
             raise ValueError(f"prompt row {row} has {count} tokens, more than max_prompt_tokens={max_tokens}: "
                              f"{texts[row][:60]!r}; raise rollout.max_prompt_tokens or shorten the prompt")
     tokenizer.padding_side = "left"
-    rendered = prompt_format.render(tokenizer, texts)
     padding = {"padding": "max_length", "max_length": max_tokens} if pad_to_max else {"padding": True}
     encoded = tokenizer(rendered, add_special_tokens=False, return_tensors="pt", **padding)
     columns: dict[str, object] = {"prompt_text": list(texts)}

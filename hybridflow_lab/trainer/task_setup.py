@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from hybridflow_lab.algorithms.dapo import overlong_penalty
 from hybridflow_lab.config import ConfigError, LabConfig
@@ -66,7 +67,9 @@ def build_task(config: LabConfig) -> TaskSetup:
     if task_config.cost and task_config.cost not in COSTS:
         raise ConfigError("task.cost", f"{task_config.cost!r} is not one of {sorted(COSTS)}")
     cost = COSTS.get(task_config.cost)
-    setup = _dataset_setup(config, cost) if task_config.name == DATASET_TASK else _bundled_setup(config, cost)
+    tokenizer = load_tokenizer(config.actor.model_path)
+    setup = _dataset_setup(config, tokenizer, cost) if task_config.name == DATASET_TASK \
+        else _bundled_setup(config, tokenizer, cost)
     algorithm = config.algorithm
     if algorithm.overlong_buffer:
         max_length, buffer, factor = config.rollout.max_new_tokens, algorithm.overlong_buffer, algorithm.overlong_factor
@@ -74,14 +77,14 @@ def build_task(config: LabConfig) -> TaskSetup:
     return setup
 
 
-def _prompt_format(config: LabConfig, task: Task | None) -> PromptFormat:
+def _prompt_format(config: LabConfig, tokenizer: PreTrainedTokenizerBase, task: Task | None) -> PromptFormat:
     """The chat template when ``task.chat_template`` asks for it (by default: when the tokenizer has one), and
     ``task.few_shot`` of ``task``'s worked examples (None: a dataset, whose rows carry no demonstrations)."""
     task_config, path = config.task, config.actor.model_path
     if task_config.few_shot < 0 or (task_config.few_shot and task is None):
         raise ConfigError("task.few_shot", f"is {task_config.few_shot}; worked examples come from a bundled task's "
                           "demonstrations, so use 0 here (or a bundled task, e.g. task.name=word_problems)")
-    available = has_chat_template(load_tokenizer(path))
+    available = has_chat_template(tokenizer)
     if task_config.chat_template and not available:
         raise ConfigError("task.chat_template", f"is true, but the tokenizer of {path} has no chat template "
                           "(tokenizer_config.json's chat_template); set task.chat_template=false for raw prompts, "
@@ -91,9 +94,9 @@ def _prompt_format(config: LabConfig, task: Task | None) -> PromptFormat:
     return PromptFormat(chat, task_config.system_prompt, tuple(shots))
 
 
-def _dataset_setup(config: LabConfig, cost: RuleFn | None) -> TaskSetup:
+def _dataset_setup(config: LabConfig, tokenizer: PreTrainedTokenizerBase, cost: RuleFn | None) -> TaskSetup:
     path, seed = config.task.dataset_path, config.seed
-    prompt_format = _prompt_format(config, None)
+    prompt_format = _prompt_format(config, tokenizer, None)
     if not path:
         raise ConfigError("task.dataset_path", f"the {DATASET_TASK} task needs a .jsonl or .parquet file")
     try:
@@ -103,15 +106,15 @@ def _dataset_setup(config: LabConfig, cost: RuleFn | None) -> TaskSetup:
     if len(rows) < MIN_DATASET_ROWS:
         raise ConfigError("task.dataset_path", f"{path} has {len(rows)} rows, too few to hold out "
                           f"{EVAL_FRACTION:.0%} of them for evaluation; give a file with at least {MIN_DATASET_ROWS}")
-    _check_prompt_lengths(config, prompt_format, [(f"{path}, row {number}, the prompt", example.prompt)
-                                                  for number, example in rows],
+    _check_prompt_lengths(config, tokenizer, prompt_format, [(f"{path}, row {number}, the prompt", example.prompt)
+                                                             for number, example in rows],
                           f"or shorten or drop those rows of {path}")
     train, evaluation = split_examples([example for _, example in rows], EVAL_FRACTION, seed)
     return TaskSetup(PromptSource(train, seed), gsm8k_reward, evaluation[: config.task.eval_size], prompt_format,
                      cost=cost)
 
 
-def _bundled_setup(config: LabConfig, cost: RuleFn | None) -> TaskSetup:
+def _bundled_setup(config: LabConfig, tokenizer: PreTrainedTokenizerBase, cost: RuleFn | None) -> TaskSetup:
     task_config, seed = config.task, config.seed
     if task_config.name not in TASKS:
         raise ConfigError("task.name", f"unknown task {task_config.name!r}; known tasks: "
@@ -125,20 +128,20 @@ def _bundled_setup(config: LabConfig, cost: RuleFn | None) -> TaskSetup:
     except (TypeError, ValueError) as exc:
         setting = str(exc).split()[0]  # the tasks' messages start with the bad setting's name
         raise ConfigError(f"task.{setting}" if hasattr(task_config, setting) else "task.name", str(exc)) from None
-    prompt_format = _prompt_format(config, task)
+    prompt_format = _prompt_format(config, tokenizer, task)
     evaluation = held_out(task, task_config.eval_size, seed)
     length_setting = PROMPT_LENGTH_SETTING.get(task_config.name, "the task's settings")
-    _check_prompt_lengths(config, prompt_format, [(f"the {task_config.name} task's held-out prompt {e.prompt!r}",
-                                                   e.prompt) for e in evaluation], f"or lower {length_setting}")
+    _check_prompt_lengths(config, tokenizer, prompt_format,
+                          [(f"the {task_config.name} task's held-out prompt {e.prompt!r}", e.prompt)
+                           for e in evaluation], f"or lower {length_setting}")
     return TaskSetup(PromptSource(task, seed), task.reward, evaluation, prompt_format, task, cost)
 
 
-def _check_prompt_lengths(config: LabConfig, prompt_format: PromptFormat, prompts: Sequence[tuple[str, str]],
-                          other_fix: str) -> None:
+def _check_prompt_lengths(config: LabConfig, tokenizer: PreTrainedTokenizerBase, prompt_format: PromptFormat,
+                          prompts: Sequence[tuple[str, str]], other_fix: str) -> None:
     """Every prompt (``(where it comes from, text)``), rendered by ``prompt_format``, fits
     ``rollout.max_prompt_tokens`` under the actor's tokenizer: a longer one would fail only once workers generate."""
     limit = config.rollout.max_prompt_tokens
-    tokenizer = load_tokenizer(config.actor.model_path)
     counts = token_counts(tokenizer, [text for _, text in prompts], prompt_format)
     too_long = [i for i, count in enumerate(counts) if count > limit]
     if too_long:
