@@ -56,12 +56,20 @@ def _eval(args: argparse.Namespace) -> None:
 
 
 def _sft(args: argparse.Namespace) -> None:
+    from hybridflow_lab.models.tokenizers import load_tokenizer
     from hybridflow_lab.tasks import make_task
+    from hybridflow_lab.tasks.prompts import PromptFormat, has_chat_template
     from hybridflow_lab.trainer.sft import sft
 
     task = make_task(args.task, digits=args.digits) if args.task == "arithmetic" else make_task(args.task)
+    available = has_chat_template(load_tokenizer(args.model))
+    if args.chat_template == "true" and not available:
+        raise SystemExit(f"hybridflow-lab sft: error: --chat-template true, but the tokenizer of {args.model} has "
+                         "no chat template; use --chat-template false (or auto)")
+    chat = available if args.chat_template == "auto" else args.chat_template == "true"
     print(json.dumps(sft(args.model, task, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                         seed=args.seed, target_loss=args.target_loss)))
+                         seed=args.seed, target_loss=args.target_loss,
+                         prompt_format=PromptFormat(chat, args.system_prompt))))
 
 
 def _init_model(args: argparse.Namespace) -> None:
@@ -223,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     sft_cmd.add_argument("--seed", type=int, default=0)
     sft_cmd.add_argument("--target-loss", type=float, default=0.0,
                          help="stop once the mean loss of the last 10 steps is at most this (0: run every step)")
+    sft_cmd.add_argument("--chat-template", choices=["auto", "true", "false"], default="auto",
+                         help="render prompts with the tokenizer's chat template (auto: when it has one, as RL does)")
+    sft_cmd.add_argument("--system-prompt", default="", help="a system turn (or line) before each prompt")
     sft_cmd.set_defaults(run=_sft)
 
     init = commands.add_parser("init-model", help="write a new tiny model directory (HF format) with its tokenizer")

@@ -177,6 +177,48 @@ def test_a_lora_checkpoint_holds_the_adapters_and_resumes_to_the_same_next_step(
     resumed.shutdown()
 
 
+def local_critic(lab):
+    (critic,) = lab.critic._backend.hosts[0].roles.values()
+    return critic
+
+
+def test_a_lora_critic_trains_its_adapters_and_value_head_only_and_resumes_from_them(model_dir, tmp_path):
+    def ppo_lab(resume=False):
+        return Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "algorithm.name=ppo",
+                                                                "critic.lora.rank=8", "critic.lora.alpha=16"),
+                   resume=resume)
+
+    lab = ppo_lab()
+    try:
+        critic = local_critic(lab).engine.model
+        base = {name: p.detach().clone() for name, p in critic.named_parameters() if not p.requires_grad}
+        assert {n for n, p in critic.named_parameters() if p.requires_grad} == \
+            {n for n in critic.state_dict() if n.endswith(("lora_A", "lora_B"))} | {"score.weight"}
+        batch = lab.reward(lab.generate(lab.next_prompts()))
+        batch["returns"] = 0.5 * batch["response_mask"]  # a target to fit (a random policy's returns are all zero)
+        losses = []
+        for _ in range(4):
+            batch = lab.values(batch.select(*(set(batch.keys()) - {"values"})))
+            losses.append(lab.update_critic(batch)["critic/vf_loss"])
+        assert losses[-1] < 0.8 * losses[0], losses
+        for name, parameter in critic.named_parameters():
+            if name in base:
+                assert torch.equal(parameter, base[name]), name  # the frozen backbone did not move
+        assert any(p.abs().max() > 0 for n, p in critic.named_parameters() if n.endswith("lora_B"))  # adapters did
+        expected = lab.values(batch.select(*(set(batch.keys()) - {"values"})))["values"]
+        checkpoint = lab.save()
+    finally:
+        lab.shutdown()
+    files = {p.relative_to(checkpoint).as_posix() for p in checkpoint.rglob("*") if p.is_file()}
+    assert f"critic/{ADAPTER_WEIGHTS}" in files and "critic/model.safetensors" not in files, files
+    resumed = ppo_lab(resume=True)
+    try:
+        again = resumed.values(batch.select(*(set(batch.keys()) - {"values"})))["values"]
+        torch.testing.assert_close(again, expected, rtol=0, atol=0)
+    finally:
+        resumed.shutdown()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("backend", "stage"), [("deepspeed", 3), ("fsdp", 0)], ids=["deepspeed3", "fsdp"])
 # the torch engine: the Lab tests above; ZeRO-1/2 save and load through the same DeepSpeed calls as ZeRO-3

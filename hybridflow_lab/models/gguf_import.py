@@ -12,7 +12,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +115,9 @@ def import_gguf(source: str | os.PathLike[str], out: str | os.PathLike[str],
     source, out = Path(source), Path(out)
     architecture, kinds = check_importable(source)
     where = {"pretrained_model_name_or_path": source.parent, "gguf_file": source.name, "local_files_only": True}
-    tokenizer = AutoTokenizer.from_pretrained(**where)
-    model = AutoModelForCausalLM.from_pretrained(**where, dtype=dtype).eval()
+    with _no_progress_bars():
+        tokenizer = AutoTokenizer.from_pretrained(**where)
+        model = AutoModelForCausalLM.from_pretrained(**where, dtype=dtype).eval()
     if tokenizer.pad_token is None:  # the usual convention for decoders trained without one
         tokenizer.pad_token = tokenizer.eos_token
     if hasattr(model.config, "quantization_config"):
@@ -127,7 +131,8 @@ def import_gguf(source: str | os.PathLike[str], out: str | os.PathLike[str],
         expected = model(**ids).logits.float()
         ours = load_causal_lm(out, dtype).eval()
         decoder_logits = ours(ids["input_ids"], ids["attention_mask"], ids["position_ids"]).float()
-        reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=dtype, local_files_only=True).eval()
+        with _no_progress_bars():
+            reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=dtype, local_files_only=True).eval()
         transformers_logits = reloaded(**ids).logits.float()
     valid = ids["attention_mask"].bool()
     report = ImportReport(
@@ -142,6 +147,25 @@ def import_gguf(source: str | os.PathLike[str], out: str | os.PathLike[str],
         raise UnsupportedCheckpoint(f"{out}: the imported model's logits differ from the GGUF model's by {worst:.3g} "
                          f"(tolerance {LOGIT_ATOL[dtype]:g}); the import is not faithful")
     return report
+
+
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers' loading bars off (the import prints one JSON report); its GGUF dequantisation uses tqdm
+    directly, not transformers' switch, so that module's ``tqdm`` is silenced for the block too."""
+    from tqdm.auto import tqdm
+    from transformers import modeling_gguf_pytorch_utils as gguf_loading
+    from transformers.utils import logging
+
+    enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    gguf_loading.tqdm = partial(tqdm, disable=True)
+    try:
+        yield
+    finally:
+        gguf_loading.tqdm = tqdm
+        if enabled:
+            logging.enable_progress_bar()
 
 
 def _check_prompts(tokenizer: Any) -> dict[str, torch.Tensor]:

@@ -9,7 +9,7 @@ from hybridflow_lab.tasks.gsm8k import gsm8k_reward, load_gsm8k, load_gsm8k_rows
 from hybridflow_lab.tasks.registry import TASKS, make_task
 from hybridflow_lab.tasks.rewards import exact_match, integer_format_score, permutation_score
 from hybridflow_lab.tasks.sorting import SortingTask
-from hybridflow_lab.tasks.source import PromptSource, held_out, split_examples, worked_examples
+from hybridflow_lab.tasks.source import PromptSource, evaluation_side, held_out, split_examples, worked_examples
 from hybridflow_lab.tasks.word_problems import WordProblemTask
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "WordProblemTask",
     "answer_score",
     "digit_cost",
+    "evaluation_side",
     "exact_match",
     "extract_answer",
     "gsm8k_reward",

@@ -17,7 +17,11 @@ class Example:
 
 
 class Task(Protocol):
-    """A verifiable task: draws examples and scores responses by rule (no learned reward model)."""
+    """A verifiable task: draws examples and scores responses by rule (no learned reward model).
+
+    A task may also name each problem's computation (``computation(example) -> str``); its held-out problems
+    are then computations training never sees (``tasks.source.evaluation_side``).
+    """
 
     name: str
 

@@ -3,16 +3,41 @@
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Sequence
 
 from hybridflow_lab.tasks.base import Example, Task
+
+EVAL_BUCKETS = 8  # a task that names its problems' computations keeps one in this many for evaluation only
+
+
+def evaluation_side(task: Task, example: Example) -> bool | None:
+    """Whether ``example`` is on the evaluation side of ``task``'s split by computation, or None when the task
+    has no such split (no ``computation`` method).
+
+    A task whose problems are few computations told in many ways (word problems) names each problem's
+    computation; a stable hash of it assigns every way of telling one computation to the same side, so no
+    held-out answer is ever trained on, whatever the story around it.
+    """
+    computation = getattr(task, "computation", None)
+    if computation is None:
+        return None
+    return zlib.crc32(computation(example).encode()) % EVAL_BUCKETS == 0
+
+
+def draw(task: Task, rng: random.Random, evaluation: bool = False) -> Example:
+    """The next example from ``rng`` on the training side of ``task`` (or the evaluation side)."""
+    while True:
+        example = task.sample(rng)
+        if evaluation_side(task, example) in (None, evaluation):
+            return example
 
 
 class PromptSource:
     """Batches of examples from a ``Task`` (an endless stream) or a list of examples (shuffled epochs).
 
-    From a task, example ``i`` is ``task.sample(random.Random(f"{seed}:{i}"))``: it depends only on
-    the seed and the index. From a dataset, each epoch visits every example once in an order
+    From a task, example ``i`` is drawn (``draw``, the training side) from ``random.Random(f"{seed}:{i}")``:
+    it depends only on the seed and the index. From a dataset, each epoch visits every example once in an order
     shuffled by the seed and the epoch number; batches run on across epoch boundaries.
     """
 
@@ -41,7 +66,7 @@ class PromptSource:
 
     def _example(self, i: int) -> Example:
         if self.task is not None:
-            return self.task.sample(random.Random(f"{self.seed}:{i}"))
+            return draw(self.task, random.Random(f"{self.seed}:{i}"))
         epoch, position = divmod(i, len(self.examples))
         return self.examples[self._order(epoch)[position]]
 
@@ -69,16 +94,17 @@ class PromptSource:
 def held_out(task: Task, n: int, seed: int) -> list[Example]:
     """``n`` evaluation examples drawn from the ``eval`` seed namespace, apart from every training stream.
 
-    The random streams never coincide with a ``PromptSource``'s; a task with few distinct problems
-    can still repeat a training problem by chance.
+    The random streams never coincide with a ``PromptSource``'s. A task split by computation
+    (``evaluation_side``) draws them from its evaluation side, which training never sees; another task with
+    few distinct problems can still repeat a training problem by chance.
     """
-    return [task.sample(random.Random(f"eval:{seed}:{i}")) for i in range(n)]
+    return [draw(task, random.Random(f"eval:{seed}:{i}"), evaluation=True) for i in range(n)]
 
 
 def worked_examples(task: Task, n: int, seed: int) -> list[tuple[str, str]]:
-    """``n`` (prompt, demonstration) pairs for a few-shot prompt, from their own seed namespace (apart from the
-    training stream and the held-out set, though a task with few distinct problems can repeat one)."""
-    examples = [task.sample(random.Random(f"shots:{seed}:{i}")) for i in range(n)]
+    """``n`` (prompt, demonstration) pairs for a few-shot prompt, from their own seed namespace on the training side
+    (apart from the held-out set, though a task with few distinct problems and no split can repeat one)."""
+    examples = [draw(task, random.Random(f"shots:{seed}:{i}")) for i in range(n)]
     return [(example.prompt, task.demonstration(example)) for example in examples]
 
 

@@ -194,6 +194,12 @@ class WordProblemTask:
         """The GSM8K-style worked solution, ending in ``#### <answer>``."""
         return read_problem(example.prompt).solution()
 
+    def computation(self, example: Example) -> str:
+        """The numbers and operations ``example`` asks for, whoever and whatever the story is about (what splits
+        held-out problems from training ones: ``tasks.source.evaluation_side``)."""
+        problem = read_problem(example.prompt)
+        return " ".join([str(problem.start), *(f"{s.phrasing.kind}:{s.amount}:{s.size}" for s in problem.steps)])
+
     def _draw_step(self, rng: random.Random, count: int, objects: str, last: bool) -> Step:
         """A step that keeps ``count`` a whole, non-negative number: a loss only of what there is, a share
         (the question then asks what each friend gets) only as the ``last`` step and among a divisor."""

@@ -16,12 +16,14 @@ from hybridflow_lab.models import load_causal_lm, save_model_dir
 from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.tasks import Example, PromptSource, Task
-from hybridflow_lab.tasks.prompts import encode_prompts
+from hybridflow_lab.tasks.prompts import RAW, PromptFormat, encode_prompts, has_chat_template
 
 
-def demonstration_batch(tokenizer: PreTrainedTokenizerBase, task: Task, examples: list[Example]) -> DataBatch:
-    """Prompts left-padded, demonstrations + EOS right-padded, in the layout training reads."""
-    prompts = encode_prompts(tokenizer, [e.prompt for e in examples], max_tokens=10_000)
+def demonstration_batch(tokenizer: PreTrainedTokenizerBase, task: Task, examples: list[Example],
+                        prompt_format: PromptFormat = RAW) -> DataBatch:
+    """Prompts rendered by ``prompt_format`` and left-padded, demonstrations + EOS (a chat model's end of turn)
+    right-padded, in the layout training reads."""
+    prompts = encode_prompts(tokenizer, [e.prompt for e in examples], max_tokens=10_000, prompt_format=prompt_format)
     targets = [tokenizer(task.demonstration(e), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
                for e in examples]
     length = max(len(t) for t in targets)
@@ -39,9 +41,14 @@ LOSS_WINDOW = 10  # steps the final loss (and the early stop) averages over
 
 
 def sft(model_dir: str | os.PathLike[str], task: Task, out_dir: str | os.PathLike[str], steps: int = 200,
-        batch_size: int = 64, lr: float = 1e-3, seed: int = 0, target_loss: float = 0.0) -> dict[str, float]:
+        batch_size: int = 64, lr: float = 1e-3, seed: int = 0, target_loss: float = 0.0,
+        prompt_format: PromptFormat | None = None) -> dict[str, float]:
     """Train on at most ``steps`` batches of fresh demonstrations, stopping early once the mean loss of the last
     ``LOSS_WINDOW`` steps is at most ``target_loss`` (> 0); save the model (and tokenizer) to ``out_dir``.
+
+    Prompts are rendered as RL will render them: by ``prompt_format``, by default through the tokenizer's chat
+    template when it has one (a Lab's default, ``task.chat_template``), so the model learns to answer the prompts
+    it will be trained on next.
 
     The stop makes the start of RL the same whatever the seed or the CPU's float32 rounding: a fixed step count
     lands at different losses on different machines, a target loss at the same one.
@@ -49,13 +56,14 @@ def sft(model_dir: str | os.PathLike[str], task: Task, out_dir: str | os.PathLik
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(model_dir)
     model = load_causal_lm(model_dir)
+    prompt_format = prompt_format or PromptFormat(chat=has_chat_template(tokenizer))
     engine = TorchEngine(model, OptimConfig(lr=lr, warmup_steps=min(20, steps // 10), schedule="cosine",
                                             total_steps=steps, min_lr_ratio=0.1))
     source = PromptSource(task, seed + 7919)  # a stream apart from the RL run's (same seed) prompts
     losses: list[float] = []
     while len(losses) < steps and not (target_loss > 0 and len(losses) >= LOSS_WINDOW
                                        and _recent_loss(losses) <= target_loss):
-        batch = demonstration_batch(tokenizer, task, source.next_batch(batch_size))
+        batch = demonstration_batch(tokenizer, task, source.next_batch(batch_size), prompt_format)
         losses.append(engine.train_step([batch], response_nll, count_response_tokens)["loss"])
     save_model_dir(model, Path(out_dir), tokenizer)
     return {"sft/first_loss": losses[0], "sft/final_loss": _recent_loss(losses), "sft/steps": len(losses)}
