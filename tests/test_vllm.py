@@ -161,7 +161,8 @@ def test_a_bf16_engine_generates_like_the_built_in_one_and_its_syncs_are_checked
                          TOKENIZER.pad_token_id, VllmSettings(dtype=torch.bfloat16, max_model_len=8 + NEW_TOKENS))
     model = load_causal_lm(model_dir)
     expected = perturbed(model)
-    engine.update_weights(expected.items())
+    stats = engine.update_weights(expected.items())
+    assert stats["copied_bytes"] == sum(t.numel() * 2 for t in expected.values())  # cast to bf16 on the way
     params = SamplingParams(max_new_tokens=NEW_TOKENS, greedy=True)
     ours, theirs = built_in(model.to(torch.bfloat16).eval(), params), generated(engine, params)
     assert torch.equal(theirs["responses"], ours["responses"])

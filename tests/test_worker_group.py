@@ -171,3 +171,17 @@ def test_mesh_dispatch(backend, mesh, collected):
         assert out["dp"].tolist() == [0, 0, 1, 1]
     finally:
         group.shutdown()
+
+
+def test_local_ranks_keep_the_controllers_thread_count():
+    """Local ranks run in the controller's process (a notebook kernel): building them must not leave the kernel's
+    own torch work on one thread."""
+    before, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(3)
+    try:
+        group = WorkerGroup(Role(Echo, tag="t"), ResourcePool(2), backend="local", telemetry=TelemetryStore())
+        group.where()
+        group.shutdown()
+        assert torch.get_num_threads() == 3 and os.environ.get("OMP_NUM_THREADS") == omp
+    finally:
+        torch.set_num_threads(before)

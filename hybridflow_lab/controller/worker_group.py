@@ -46,6 +46,8 @@ class WorkerGroup:
     Building a group with the ``name`` of a live one replaces it (re-running a notebook cell).
     Its ranks put their tensors on ``device`` (default: the pool's GPUs when it has them, else ``"cpu"``;
     see ``controller.devices.rank_device``); a device a rank cannot use fails the group's start.
+    ``threads_per_rank`` (default: 1 for a Ray rank, a process of its own sharing the machine's cores; none set
+    for local ranks, which run one after another in the controller's process and keep its thread count).
     """
 
     def __new__(cls, roles: RolesArg, *args: Any, **kwargs: Any) -> WorkerGroup:
@@ -62,7 +64,7 @@ class WorkerGroup:
         backend: BackendName = "ray",
         meshes: Mapping[str, Mesh] | None = None,
         telemetry: TelemetryStore | None = None,
-        threads_per_rank: int | None = 1,
+        threads_per_rank: int | None = None,
         env: Mapping[str, str] | None = None,
         collective_timeout_s: float = 600.0,
         device: str | None = None,
@@ -113,6 +115,8 @@ class WorkerGroup:
         if device is None:
             use_gpu = self.pool.resolve_gpu() if self.backend_name == "ray" else bool(self.pool.use_gpu)
             device = "cuda" if use_gpu else "cpu"
+        if threads is None and self.backend_name == "ray":
+            threads = 1
         env = {"TOKENIZERS_PARALLELISM": "false", **({"OMP_NUM_THREADS": str(threads)} if threads else {}), **env}
         return [
             RankInfo(

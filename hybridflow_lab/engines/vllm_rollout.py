@@ -219,6 +219,8 @@ class VllmRollout:
     def __init__(self, model_path: str, params: SamplingParams, eos_token_id: int | None, pad_token_id: int,
                  settings: VllmSettings) -> None:
         os.environ.update(IN_PROCESS_ENV)  # assigned, not defaulted: an inherited 1 would break the weight sync
+        # vLLM logs INFO lines on every weight sync (reload timings, prefix-cache resets); the user's level wins
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if settings.tensor_parallel > 1:
             os.environ[ENGINE_NAME_ENV] = shared_engine_name()
         self.on_cuda = torch.cuda.is_available()
@@ -243,9 +245,10 @@ class VllmRollout:
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
         """Load new weights in place (HF names), drop cached prefixes, then verify every tensor arrived.
 
-        ``weights`` may be a stream (a ZeRO-3 engine gathers them layer by layer). Returns the sync's
-        numbers: ``tensors``, ``copied_bytes``, ``largest_tensor_bytes``, ``seconds``, and ``check_seconds``
-        when verified.
+        ``weights`` may be a stream (a ZeRO-3 engine gathers them layer by layer). Floating-point tensors are
+        cast to the engine's dtype on the way (an fp32 trainer feeding a bf16 engine copies half the bytes, and
+        vLLM's loaders get the dtype they hold). Returns the sync's numbers: ``tensors``, ``copied_bytes``,
+        ``largest_tensor_bytes``, ``seconds``, and ``check_seconds`` when verified.
         """
         expected: dict[str, torch.Tensor] = {}
         moved = largest = 0
@@ -253,10 +256,12 @@ class VllmRollout:
         def stream() -> Iterator[tuple[str, torch.Tensor]]:
             nonlocal moved, largest
             for name, tensor in weights:
+                if tensor.is_floating_point():
+                    tensor = tensor.to(self.settings.dtype)
                 size = tensor.numel() * tensor.element_size()
                 moved, largest = moved + size, max(largest, size)
                 if self.settings.verify_sync:
-                    expected[name] = tensor_fingerprint(tensor.to(self.settings.dtype))
+                    expected[name] = tensor_fingerprint(tensor)
                 yield name, tensor
 
         self.wake_up("weights")  # only the weights: the KV cache wakes after the training state has left
