@@ -41,6 +41,35 @@ def test_logits_equal_transformers_on_padded_batches(tmp_path, arch):
     torch.testing.assert_close(mine[mask.bool()], hf[mask.bool()], rtol=1e-5, atol=1e-5)
 
 
+# what real checkpoints' configs carry and the tiny models' do not
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+REAL_CONFIG_FIELDS = {
+    "llama3-rope+head-dim+tied+padded-vocab": ("llama", {"rope_parameters": LLAMA3_ROPE, "head_dim": 48,
+                                                         "tie_word_embeddings": True, "vocab_size": 128}),
+    "linear-rope+untied+padded-vocab": ("qwen2", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4,
+                                                                      "factor": 2.0}, "vocab_size": 112}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REAL_CONFIG_FIELDS))
+def test_real_checkpoint_config_fields_give_transformers_logits(tmp_path, case):
+    arch, fields = REAL_CONFIG_FIELDS[case]
+    tokenizer = char_tokenizer()
+    config = tiny_config("tiny", arch, tokenizer)
+    config = type(config).from_dict({**config.to_dict(), **fields})
+    assert config.vocab_size > len(tokenizer)  # rows past the tokenizer's, as vocabularies padded for TP have
+    path = save_model_dir(build_model(config, seed=3), tmp_path / "m", tokenizer)
+    ours = load_causal_lm(path).eval()
+    theirs = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
+    assert ours.model.layers[0].self_attn.head_dim == fields.get("head_dim", config.hidden_size // 4)  # 4 heads
+    ids, mask = padded_batch(length=24)  # past original_max_position_embeddings: the scaled frequencies matter
+    with torch.no_grad():
+        mine = ours(ids, mask)
+        hf = theirs(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    torch.testing.assert_close(mine[mask.bool()], hf[mask.bool()], rtol=1e-5, atol=1e-5)
+
+
 def test_tied_embeddings_save_once_and_reload(tmp_path):
     tokenizer = char_tokenizer()
     config = tiny_config("tiny", "qwen2", tokenizer)
