@@ -132,8 +132,8 @@ def _plan(args: argparse.Namespace) -> None:
 def _calibrated_profile(out: str | None) -> dict[str, Any]:
     from dataclasses import asdict
 
+    from hybridflow_lab.bench.calibration import calibrate
     from hybridflow_lab.controller import init_cluster
-    from hybridflow_lab.placement.calibrate import calibrate
 
     init_cluster()
     profile, measured = calibrate()
@@ -152,12 +152,12 @@ def _paper_comparison(profile: Any) -> dict[str, Any]:
 
 
 def _ranked_plans(args: argparse.Namespace, profile: Any) -> dict[str, Any]:
+    from hybridflow_lab.config.presets import resolve_config
+    from hybridflow_lab.dataflows import check_config
     from hybridflow_lab.placement.automap import AutoMapper
     from hybridflow_lab.placement.report import plans_table
     from hybridflow_lab.placement.suggest import lab_mapper
     from hybridflow_lab.placement.workload import Workload
-    from hybridflow_lab.trainer.lab import check_config
-    from hybridflow_lab.trainer.presets import resolve_config
 
     if args.paper_model:  # the paper's PPO setting, no Lab restrictions
         mapper = AutoMapper(Workload.paper_ppo(args.paper_model), profile, args.devices)

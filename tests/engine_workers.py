@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from hybridflow_lab import DataBatch
+from hybridflow_lab.config import OptimConfig
 from hybridflow_lab.controller import Dispatch, register
-from hybridflow_lab.engines import OptimConfig, build_train_engine
+from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.forward import count_response_tokens, response_nll
 from hybridflow_lab.engines.train_base import NonFiniteUpdate
 from hybridflow_lab.models import load_causal_lm

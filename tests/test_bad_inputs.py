@@ -19,13 +19,13 @@ import pytest
 import torch
 
 from hybridflow_lab.config import ConfigError
+from hybridflow_lab.config.presets import resolve_config
+from hybridflow_lab.dataflows import informative_batch
 from hybridflow_lab.models import char_tokenizer, create_model_dir
 from hybridflow_lab.models.tokenizers import CHARACTERS
 from hybridflow_lab.placement import ModelSizes, Placement
 from hybridflow_lab.protocol import DataBatch
-from hybridflow_lab.trainer.dataflows import informative_batch
 from hybridflow_lab.trainer.lab import Lab
-from hybridflow_lab.trainer.presets import resolve_config
 
 
 class Case(NamedTuple):

@@ -67,13 +67,14 @@ def test_served_dashboard_renders_a_finished_run_and_follows_a_running_one(model
 NOTEBOOK = [
     """
     from hybridflow_lab.trainer.lab import Lab
+    from hybridflow_lab.ui import dashboard, placement_board
     lab = Lab("arithmetic_grpo", overrides=OVERRIDES)
-    board = lab.placement_board(devices=4)
+    board = placement_board(lab, devices=4)
     board
     """,
     """
-    dashboard = lab.dashboard(interval_s=0.3)
-    dashboard
+    view = dashboard(lab, interval_s=0.3)
+    view
     """,
 ]
 

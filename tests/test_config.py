@@ -98,8 +98,8 @@ def test_every_policy_loss_keyword_is_an_algorithm_setting():
 
 
 def test_every_preset_is_a_config_that_works(model_dir):
-    from hybridflow_lab.trainer.lab import check_config
-    from hybridflow_lab.trainer.presets import presets, resolve_config
+    from hybridflow_lab.config.presets import presets, resolve_config
+    from hybridflow_lab.dataflows import check_config
 
     assert {"arithmetic_grpo", "countdown_grpo", "sorting_grpo"} <= set(presets())
     for name in presets():

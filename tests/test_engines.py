@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hybridflow_lab.config import OptimConfig
 from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup
-from hybridflow_lab.engines.train_base import OptimConfig, build_optimizer, build_scheduler
+from hybridflow_lab.engines.train_base import build_optimizer, build_scheduler
 from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.smoke.checks import sequences
 from tests.engine_workers import EngineProbe

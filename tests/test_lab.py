@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hybridflow_lab.config import ConfigError
+from hybridflow_lab.dataflows import ALGORITHMS, register_algorithm
 from hybridflow_lab.models import create_model_dir
-from hybridflow_lab.trainer.dataflows import DATAFLOWS
 from hybridflow_lab.trainer.lab import Lab
 from hybridflow_lab.ui.figures import recent_steps, timeline
 
@@ -62,12 +62,12 @@ def test_old_log_prob_pass_runs_only_when_a_batch_gets_several_optimizer_steps(m
     lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "algorithm.kl_loss_coef=0.1",
                                                           f"batch.update_minibatch_sequences={minibatch}"))
     metrics = lab.step()
-    assert lab.needs_old_log_probs is needs_pass and ("timing_s/old_log_prob" in metrics) is needs_pass
+    assert lab.needs.old_log_probs is needs_pass and ("timing_s/old_log_prob" in metrics) is needs_pass
     assert {"actor/kl", "actor/entropy", "actor/pg_clipfrac"} <= metrics.keys()
     lab.shutdown()
 
 
-@pytest.mark.parametrize("algorithm", sorted(DATAFLOWS))
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_every_algorithm_runs_a_step(model_dir, tmp_path, algorithm):
     extra = ["task.cost=digit_cost"] if algorithm == "safe_rlhf" else []
     lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", f"algorithm.name={algorithm}",
@@ -176,23 +176,23 @@ def test_grpo_with_the_hybrid_engine_and_ppo_on_two_ray_ranks(ray_cluster, model
 
 
 def test_a_dataflow_written_in_a_notebook_cell(model_dir, tmp_path):
-    from hybridflow_lab.trainer.dataflows import DATAFLOWS, ESTIMATOR_OF, register_dataflow
-
-    def greedy_first(lab):
-        """Score greedy answers only, then train on sampled ones with RLOO."""
+    def old_first(lab, step):
+        """Old log-probs always, then RLOO advantages and the update; a metric of its own."""
         batch = lab.reward(lab.generate(lab.next_prompts()))
         batch = lab.advantages(lab.old_log_prob(batch))
         lab.update_actor(batch)
-        lab.record({"custom/rows": len(batch)})
-        return batch
+        step.record({"custom/rows": len(batch)})
+        return batch, step.metrics
 
-    register_dataflow("my_rloo", greedy_first, "rloo")
+    register_algorithm("my_rloo", old_first, "rloo", group_relative=True)
     try:
         lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "algorithm.name=my_rloo"))
-        assert lab.step()["custom/rows"] == 16
+        metrics = lab.step()
+        assert metrics["custom/rows"] == 16 and "timing_s/old_log_prob" in metrics and "actor/pg_loss" in metrics
+        assert lab.needs.algorithm.dataflow is old_first and not lab.needs.critic
         lab.shutdown()
     finally:
-        DATAFLOWS.pop("my_rloo"), ESTIMATOR_OF.pop("my_rloo")
+        ALGORITHMS.pop("my_rloo")
 
 
 def test_wandb_logs_offline_without_network(model_dir, tmp_path, monkeypatch):

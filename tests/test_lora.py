@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow_lab.config import ConfigError
+from hybridflow_lab.config import ConfigError, OptimConfig
 from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup
-from hybridflow_lab.engines import OptimConfig, build_train_engine
+from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.forward import count_response_tokens, response_nll
 from hybridflow_lab.hybrid.engine import state_dict_sink
 from hybridflow_lab.models import create_model_dir, load_causal_lm

@@ -10,6 +10,7 @@ import pytest
 
 from hybridflow_lab import cli
 from hybridflow_lab.bench.placement import misordered_pairs
+from hybridflow_lab.config.presets import resolve_config
 from hybridflow_lab.hybrid import HybridLayout, formula_bytes_per_rank
 from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.placement.automap import AutoMapper, ColocatedSet, compositions, plan_of, set_partitions
@@ -18,7 +19,6 @@ from hybridflow_lab.placement.report import compare_with_paper, plans_table
 from hybridflow_lab.placement.simulator import ModelCost, Parallelism, generation_s, reshard_s, training_s
 from hybridflow_lab.placement.suggest import lab_mapper, suggest
 from hybridflow_lab.placement.workload import LLAMA, Workload
-from hybridflow_lab.trainer.presets import resolve_config
 
 A100 = PROFILES["a100-80gb"]
 

@@ -11,8 +11,8 @@ import torch
 
 from hybridflow_lab import DataBatch
 from hybridflow_lab.algorithms import get_advantage_estimator, kl_estimate
+from hybridflow_lab.dataflows import ALGORITHMS
 from hybridflow_lab.models import create_model_dir
-from hybridflow_lab.trainer.dataflows import ESTIMATOR_OF
 from hybridflow_lab.trainer.lab import TRAINING_COLUMNS, Lab
 from hybridflow_lab.workers.reward import token_level
 
@@ -40,8 +40,9 @@ def scored_batch(seed: int = 0) -> DataBatch:
     lengths = torch.randint(1, LENGTH + 1, (rows,), generator=generator)
     mask = (torch.arange(LENGTH)[None, :] < lengths[:, None]).long()
     log_probs = -torch.rand(rows, LENGTH, generator=generator) * mask
+    scores = torch.rand(rows, generator=generator)
     return DataBatch({
-        "response_mask": mask, "scores": torch.rand(rows, generator=generator),
+        "response_mask": mask, "scores": scores, "token_level_scores": token_level(scores, mask),
         "costs": (torch.rand(rows, generator=generator) > 0.5).float(), "old_log_probs": log_probs,
         "ref_log_probs": log_probs - torch.randn(rows, LENGTH, generator=generator) * mask,
         "baseline_scores": torch.rand(rows, generator=generator),
@@ -59,14 +60,17 @@ def test_kl_in_reward_changes_group_advantages(model_dir, tmp_path, algorithm):
     penalised = Lab("arithmetic_grpo", overrides=local_overrides(
         model_dir, tmp_path / "b", *extra, f"algorithm.kl_reward_coef={BETA}"), start=False)
     batch = scored_batch()
-    moved = (penalised.advantages(batch)["advantages"] - plain.advantages(batch)["advantages"]).abs()
+    after_penalty = penalised.advantages(penalised.kl_penalty(batch))["advantages"]
+    moved = (after_penalty - plain.advantages(batch)["advantages"]).abs()
     mask = batch["response_mask"].bool()
     assert float(moved[mask].mean()) > 0.1  # main moved them by exactly 0
     kl = kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], "k1") * batch["response_mask"]
-    expected, _ = get_advantage_estimator(ESTIMATOR_OF[algorithm])(
+    expected, _ = get_advantage_estimator(ALGORITHMS[algorithm].estimator)(
         token_rewards=None, scores=batch["scores"] - BETA * kl.sum(-1), values=None, mask=batch["response_mask"],
         group_ids=torch.as_tensor(batch["uid"]), baseline_scores=batch["baseline_scores"], gamma=1.0, lam=1.0)
-    torch.testing.assert_close(penalised.advantages(batch)["advantages"], expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(after_penalty, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"has no token_rewards: call lab.kl_penalty\(batch\) first"):
+        penalised.advantages(batch)  # without the penalty the KL setting would do nothing: refused
 
 
 def test_safe_rlhf_adds_the_kl_to_the_costs_and_moves_the_controller_once(model_dir, tmp_path):
@@ -76,11 +80,11 @@ def test_safe_rlhf_adds_the_kl_to_the_costs_and_moves_the_controller_once(model_
     batch = scored_batch(1)
     mask = batch["response_mask"]
     kl = kl_estimate(batch["old_log_probs"], batch["ref_log_probs"], "k1") * mask
-    costs = lab.advantages(batch, scores="costs")
-    torch.testing.assert_close(costs["token_rewards"], token_level(batch["costs"], mask) + BETA * kl)
-    assert lab.kl.value == BETA  # the cost side reads the coefficient, it does not move it
-    rewards = lab.advantages(batch)
-    torch.testing.assert_close(rewards["token_rewards"], token_level(batch["scores"], mask) - BETA * kl)
+    penalised = lab.kl_penalty(batch)  # the rewards lose the KL, the costs gain it, with the same coefficient
+    torch.testing.assert_close(penalised["token_costs"], token_level(batch["costs"], mask) + BETA * kl)
+    torch.testing.assert_close(penalised["token_rewards"], token_level(batch["scores"], mask) - BETA * kl)
+    costs = lab.advantages(penalised, scores="costs")
+    torch.testing.assert_close(costs["token_costs"], penalised["token_costs"])  # what the cost estimator saw
     mean_kl = float((kl.sum(-1) / mask.sum(-1)).mean())
     error = min(max(mean_kl / 0.01 - 1, -0.2), 0.2)
     assert lab.kl.value == pytest.approx(BETA * (1 + error * len(batch) / 100), rel=1e-12)  # one update

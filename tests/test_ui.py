@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from hybridflow_lab.config import ConfigError
+from hybridflow_lab.config.presets import resolve_config
 from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.placement import Placement, Suggestion
 from hybridflow_lab.telemetry import Phase, Span
 from hybridflow_lab.trainer.lab import Lab
-from hybridflow_lab.trainer.presets import resolve_config
 from hybridflow_lab.trainer.run_log import MetricsLog
-from hybridflow_lab.ui import figures
+from hybridflow_lab.ui import dashboard, figures, placement_board
 from hybridflow_lab.ui.run_files import JsonlTail, RunFiles
 from tests.test_lab import local_overrides
 
@@ -65,7 +65,7 @@ def test_only_valid_sizes_are_offered_and_invalid_plans_say_why(model_dir):
 
 def test_the_board_offers_valid_choices_and_applies_to_a_lab_before_start(model_dir, tmp_path):
     lab = Lab(ppo_config(model_dir, f"trainer.run_dir={tmp_path}"), start=False)
-    board = lab.placement_board(devices=4)
+    board = placement_board(lab, devices=4)
     sizes = control(board, "pool main slots")
     assert list(sizes.options) == [1, 2] and sizes.value == 2 and "valid: 2 of 4 slots" in board.status.value
     critic_row = board.controls.children[1]
@@ -87,31 +87,31 @@ def test_the_board_offers_valid_choices_and_applies_to_a_lab_before_start(model_
 
 def test_the_dashboard_follows_a_running_lab(model_dir, tmp_path):
     lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "algorithm.name=ppo"))
-    dashboard = lab.dashboard(interval_s=0.05, steps_shown=1)
+    view = dashboard(lab, interval_s=0.05, steps_shown=1)
     lab.run(2)
     deadline = time.monotonic() + 10
-    while dashboard._drawn_steps < 2 and time.monotonic() < deadline:  # the redraw thread catches up
+    while view._drawn_steps < 2 and time.monotonic() < deadline:  # the redraw thread catches up
         time.sleep(0.05)
-    with dashboard._lock:  # and finishes the redraw it is in
+    with view._lock:  # and finishes the redraw it is in
         pass
-    rows = {row for trace in dashboard.timeline.data for row in trace.y}
+    rows = {row for trace in view.timeline.data for row in trace.y}
     assert rows == {"controller", "actor r0", "critic r0"}
-    steps_drawn = {s.step for s in figures.recent_steps(dashboard._spans, 1)}
+    steps_drawn = {s.step for s in figures.recent_steps(view._spans, 1)}
     assert steps_drawn == {1}  # the last step only
-    stacked = {trace.name: trace.y for trace in dashboard.stage_times.data}
+    stacked = {trace.name: trace.y for trace in view.stage_times.data}
     assert stacked["update_critic"] == tuple(m["timing_s/update_critic"] for m in lab.history)
-    scores = next(t for t in dashboard.curves.data if t.name == "critic/score/mean")
+    scores = next(t for t in view.curves.data if t.name == "critic/score/mean")
     assert list(scores.x) == [1, 2] and list(scores.y) == [m["critic/score/mean"] for m in lab.history]
-    assert dashboard.sample_step.options == (2, 1) and dashboard.sample_step.value == 2
-    assert lab.samples[-1]["prompt"] in dashboard.samples.value
-    dashboard.sample_step.value = 1  # browsing an older step
-    assert next(r for r in lab.samples if r["step"] == 1)["response"] in dashboard.samples.value
-    assert dashboard.refreshes >= 2 and dashboard.refresh_seconds > 0
-    replaced = lab.dashboard()  # a second dashboard replaces (and stops) the first
-    refreshes = dashboard.refreshes
+    assert view.sample_step.options == (2, 1) and view.sample_step.value == 2
+    assert lab.samples[-1]["prompt"] in view.samples.value
+    view.sample_step.value = 1  # browsing an older step
+    assert next(r for r in lab.samples if r["step"] == 1)["response"] in view.samples.value
+    assert view.refreshes >= 2 and view.refresh_seconds > 0
+    replaced = dashboard(lab)  # a second dashboard replaces (and stops) the first
+    refreshes = view.refreshes
     lab.step()
     time.sleep(0.3)
-    assert dashboard.refreshes == refreshes and replaced.refreshes >= 1
+    assert view.refreshes == refreshes and replaced.refreshes >= 1
     replaced.close()
     lab.shutdown()
 
@@ -179,7 +179,7 @@ def test_placement_applied_after_start_restarts_the_worker_groups(ray_cluster, m
                          "trainer.progress=false", "batch.rollout_batch_prompts=4",
                          "batch.update_minibatch_sequences=32", "batch.micro_batch_sequences_per_rank=16"))
     try:
-        board = lab.placement_board(devices=4)
+        board = placement_board(lab, devices=4)
         sizes = control(board, "pool main slots")
         assert list(sizes.options) == [1, 2]
         sizes.value = 2
@@ -216,7 +216,7 @@ def test_lab_reconfigure_checks_the_task_under_the_new_settings_and_keeps_an_unc
 
 def test_the_board_shows_trained_roles_and_moves_the_reference_with_the_actor(model_dir, tmp_path):
     lab = Lab(ppo_config(model_dir, "algorithm.kl_reward_coef=0.05", f"trainer.run_dir={tmp_path}"), start=False)
-    board = lab.placement_board(devices=4)
+    board = placement_board(lab, devices=4)
     assert board.plan.assignment["reference"] == "main"
     actor_row = board.controls.children[0]
     actor_row.children[1].value = "actor"  # the actor's pool menu: a pool of its own

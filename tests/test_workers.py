@@ -6,9 +6,16 @@ import pytest
 import torch
 
 from hybridflow_lab import DataBatch
-from hybridflow_lab.config import AlgorithmConfig, BatchConfig, EngineConfig, LabConfig, RoleConfig, RolloutConfig
+from hybridflow_lab.config import (
+    AlgorithmConfig,
+    BatchConfig,
+    EngineConfig,
+    LabConfig,
+    OptimConfig,
+    RoleConfig,
+    RolloutConfig,
+)
 from hybridflow_lab.controller import ResourcePool, Role, WorkerCallError, WorkerGroup
-from hybridflow_lab.engines import OptimConfig
 from hybridflow_lab.models import char_tokenizer, create_model_dir, load_causal_lm, save_model_dir
 from hybridflow_lab.models.heads import last_token_scores, load_scalar_model
 from hybridflow_lab.tasks.prompts import encode_prompts

@@ -1,6 +1,6 @@
 """``hybridflow-lab bench dashboard``: does a live notebook dashboard slow training?
 
-Runs the standard e2e workload in alternating blocks of steps without and with ``lab.dashboard()``
+Runs the standard e2e workload in alternating blocks of steps without and with ``dashboard(lab)``
 attached (redrawing every ``interval_s`` from its own thread) and compares the median step times.
 """
 
@@ -11,6 +11,7 @@ import tempfile
 from typing import Any
 
 from hybridflow_lab.bench.e2e import standard_lab
+from hybridflow_lab.ui import dashboard
 
 
 def run(blocks: int = 3, steps_per_block: int = 4, warmup: int = 2, interval_s: float = 2.0,
@@ -26,11 +27,11 @@ def run(blocks: int = 3, steps_per_block: int = 4, warmup: int = 2, interval_s: 
                 lab.step()
             for _ in range(blocks):
                 plain += [lab.step()["timing_s/step"] for _ in range(steps_per_block)]
-                dashboard = lab.dashboard(interval_s=interval_s)
+                view = dashboard(lab, interval_s=interval_s)
                 watched += [lab.step()["timing_s/step"] for _ in range(steps_per_block)]
-                dashboard.close()
-                refreshes += dashboard.refreshes
-                redraw_s += dashboard.refresh_seconds
+                view.close()
+                refreshes += view.refreshes
+                redraw_s += view.refresh_seconds
         finally:
             lab.shutdown()
     plain_s, watched_s = statistics.median(plain), statistics.median(watched)

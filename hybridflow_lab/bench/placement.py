@@ -15,8 +15,9 @@ import statistics
 from dataclasses import asdict
 from typing import Any
 
+from hybridflow_lab.bench.calibration import run_standard
 from hybridflow_lab.controller import init_cluster
-from hybridflow_lab.placement.calibrate import StandardRun, profile_from_run, run_standard
+from hybridflow_lab.placement.calibrate import StandardRun, profile_from_run
 from hybridflow_lab.placement.predict import predict
 
 # (label, actor ranks, training TP t, generation TP tg); the first is the calibration run

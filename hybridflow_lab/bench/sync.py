@@ -19,9 +19,16 @@ from typing import Any
 
 import torch
 
-from hybridflow_lab.config import AlgorithmConfig, BatchConfig, EngineConfig, LabConfig, RoleConfig, RolloutConfig
+from hybridflow_lab.config import (
+    AlgorithmConfig,
+    BatchConfig,
+    EngineConfig,
+    LabConfig,
+    OptimConfig,
+    RoleConfig,
+    RolloutConfig,
+)
 from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup, init_cluster
-from hybridflow_lab.engines import OptimConfig
 from hybridflow_lab.models import char_tokenizer, create_model_dir
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.tasks.prompts import encode_prompts

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
+from hybridflow_lab.config import OptimConfig
 from hybridflow_lab.controller import Dispatch, ResourcePool, Role, Worker, WorkerGroup, init_cluster, register
-from hybridflow_lab.engines import OptimConfig, build_train_engine
+from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.forward import count_response_tokens, response_nll
 from hybridflow_lab.models import create_model_dir, load_causal_lm
 from hybridflow_lab.protocol import DataBatch

@@ -6,8 +6,31 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from hybridflow_lab.algorithms.kl import KL_ALIASES
-from hybridflow_lab.engines.train_base import OptimConfig
 from hybridflow_lab.models.lora import LoraConfig
+
+TRAIN_BACKENDS = ("torch", "deepspeed", "fsdp")  # the training engines (hybridflow_lab.engines builds them)
+RESHARD_STRATEGIES = ("hybridflow", "hybridflow_v", "ds_chat")  # training -> generation (hybridflow_lab.hybrid)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warm-up, then constant or cosine decay; gradient clipping by global norm."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    schedule: str = "constant"  # or "cosine"
+    total_steps: int = 0  # needed by "cosine"
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"optim.schedule must be 'constant' or 'cosine', got {self.schedule!r}")
+        if self.schedule == "cosine" and self.total_steps <= 0:
+            raise ValueError("optim.schedule='cosine' needs optim.total_steps > 0")
 
 
 @dataclass

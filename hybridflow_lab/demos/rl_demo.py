@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hybridflow_lab.config.presets import resolve_config
 from hybridflow_lab.controller import init_cluster
 from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.tasks import Task, make_task
 from hybridflow_lab.trainer.lab import Lab
-from hybridflow_lab.trainer.presets import resolve_config
 from hybridflow_lab.trainer.sft import sft
 from hybridflow_lab.trainer.task_setup import TASK_SETTINGS
 

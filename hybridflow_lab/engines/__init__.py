@@ -5,11 +5,10 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 
+from hybridflow_lab.config.schema import TRAIN_BACKENDS, OptimConfig
 from hybridflow_lab.engines.sampling import SamplingParams
-from hybridflow_lab.engines.train_base import OptimConfig, TrainEngine
+from hybridflow_lab.engines.train_base import TrainEngine
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
-
-TRAIN_BACKENDS = ("torch", "deepspeed", "fsdp")
 
 
 def build_train_engine(backend: str, model: nn.Module, optim: OptimConfig, *, zero_stage: int = 2,
@@ -42,4 +41,4 @@ def build_train_engine(backend: str, model: nn.Module, optim: OptimConfig, *, ze
     raise ValueError(f"unknown training backend {backend!r}; backends: {', '.join(TRAIN_BACKENDS)}")
 
 
-__all__ = ["TRAIN_BACKENDS", "OptimConfig", "SamplingParams", "TrainEngine", "build_train_engine"]
+__all__ = ["SamplingParams", "TrainEngine", "build_train_engine"]

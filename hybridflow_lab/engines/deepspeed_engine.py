@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hybridflow_lab.engines.train_base import OptimConfig, TrainEngine, build_optimizer, build_scheduler
+from hybridflow_lab.config import OptimConfig
+from hybridflow_lab.engines.train_base import TrainEngine, build_optimizer, build_scheduler
 from hybridflow_lab.models.lora import has_adapters, trainable_parameters
 
 CHECKPOINT_TAG = "checkpoint"

@@ -23,7 +23,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from hybridflow_lab.engines.train_base import OptimConfig, TorchOptimizerEngine
+from hybridflow_lab.config import OptimConfig
+from hybridflow_lab.engines.train_base import TorchOptimizerEngine
 from hybridflow_lab.models.decoder import DecoderLayer
 from hybridflow_lab.models.lora import has_adapters, trainable_names, trainable_parameters
 

@@ -17,7 +17,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from hybridflow_lab.engines.train_base import OptimConfig, TorchOptimizerEngine
+from hybridflow_lab.config import OptimConfig
+from hybridflow_lab.engines.train_base import TorchOptimizerEngine
 from hybridflow_lab.models.factory import load_weights, save_model_dir
 from hybridflow_lab.models.lora import has_adapters, load_adapters, save_adapters, trainable_parameters
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, gather_state_dict

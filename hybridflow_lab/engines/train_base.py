@@ -20,13 +20,13 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridflow_lab.config.schema import OptimConfig
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, clip_grad_norm
 from hybridflow_lab.protocol import DataBatch
 
@@ -40,27 +40,6 @@ class Peak(NamedTuple):
 # loss_fn(module, micro_batch) -> (loss summed over units, metrics summed over units, or Peaks)
 LossFn = Callable[[nn.Module, DataBatch], tuple[torch.Tensor, dict[str, torch.Tensor | Peak]]]
 CountFn = Callable[[DataBatch], float]
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """AdamW with linear warm-up, then constant or cosine decay; gradient clipping by global norm."""
-
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    warmup_steps: int = 0
-    schedule: str = "constant"  # or "cosine"
-    total_steps: int = 0  # needed by "cosine"
-    min_lr_ratio: float = 0.0
-    grad_clip: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.schedule not in ("constant", "cosine"):
-            raise ValueError(f"optim.schedule must be 'constant' or 'cosine', got {self.schedule!r}")
-        if self.schedule == "cosine" and self.total_steps <= 0:
-            raise ValueError("optim.schedule='cosine' needs optim.total_steps > 0")
 
 
 def build_optimizer(params: Iterator[nn.Parameter], config: OptimConfig) -> torch.optim.Optimizer:

@@ -170,13 +170,6 @@ def engine_fingerprints(model: nn.Module) -> tuple[dict[str, torch.Tensor], set[
     return combined, through_kernel
 
 
-def supported_architectures() -> set[str]:
-    """The HF architecture names the installed vLLM can load."""
-    from vllm import ModelRegistry
-
-    return set(ModelRegistry.get_supported_archs())
-
-
 def shared_engine_name() -> str:
     """A name all ranks of one tensor-parallel engine agree on (collective)."""
     name = [uuid.uuid4().hex[:12]]

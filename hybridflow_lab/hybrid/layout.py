@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridflow_lab.config.schema import RESHARD_STRATEGIES as STRATEGIES
 from hybridflow_lab.controller.mesh import Mesh
-
-STRATEGIES = ("hybridflow", "hybridflow_v", "ds_chat")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""``hybridflow-lab plan --calibrate``: this machine's CPU profile, measured from the telemetry of real runs.
+"""This machine's CPU profile, measured from the telemetry of real runs (``hybridflow-lab plan --calibrate`` runs
+them: ``bench.calibration``).
 
 One actor rank runs a few steps of the standard workload (bench e2e's); its spans give the forward
 and training FLOP rates (FLOPs the stage must do over the rank's execute seconds), the decoding
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -23,8 +23,8 @@ import torch.distributed as dist
 from hybridflow_lab.controller import Dispatch, ResourcePool, Role, Worker, WorkerGroup, register
 from hybridflow_lab.placement.hardware import PROFILES, HardwareProfile
 from hybridflow_lab.placement.plan import Placement
-from hybridflow_lab.placement.workload import Workload, workload_from_config
-from hybridflow_lab.telemetry import Phase, Span
+from hybridflow_lab.placement.workload import Workload
+from hybridflow_lab.telemetry import Span
 
 MODEL_STAGES = {"generate": "generate_sequences", "ref": "compute_ref_log_prob", "update_actor": "update_actor"}
 
@@ -84,22 +84,6 @@ class StandardRun:
                            runs[0].placement, runs[0].workload)
 
 
-def run_standard(ranks: int = 1, t: int = 1, tg: int = 1, steps: int = 3, warmup: int = 1) -> StandardRun:
-    """Run the standard workload (bench e2e's, torch engine) on ``ranks`` actor ranks with training TP ``t``
-    and generation TP ``tg``; the first ``warmup`` steps are not kept."""
-    from hybridflow_lab.bench.e2e import standard_lab
-
-    with tempfile.TemporaryDirectory() as tmp:
-        lab = standard_lab(tmp, ranks, "torch", extra=(f"actor.engine.tensor_parallel={t}",
-                                                        f"rollout.tensor_parallel={tg}"))
-        try:
-            history = [lab.step() for _ in range(warmup + steps)][warmup:]
-            spans = [s for s in lab.telemetry.spans(phase=Phase.EXECUTE) if (s.step or 0) >= warmup]
-            return StandardRun(history, spans, lab.placement, workload_from_config(lab.config))
-        finally:
-            lab.shutdown()
-
-
 def profile_from_run(run: StandardRun) -> tuple[HardwareProfile, dict[str, Any]]:
     """The calibrated CPU profile from a one-rank run of the standard workload, and the measurements behind it."""
     if run.placement.parallelism("actor").devices != 1:
@@ -133,8 +117,3 @@ def profile_from_run(run: StandardRun) -> tuple[HardwareProfile, dict[str, Any]]
                 "decode_step_s": decode_step_s, "decode_compute_s": decode_compute_s,
                 "all_reduce_latency_s": latency, "all_reduce_bytes_per_s": bandwidth}
     return profile, measured
-
-
-def calibrate(steps: int = 3, warmup: int = 1) -> tuple[HardwareProfile, dict[str, Any]]:
-    """Run the standard workload on one rank and return the calibrated CPU profile and its measurements."""
-    return profile_from_run(run_standard(steps=steps, warmup=warmup))

@@ -17,12 +17,12 @@ from typing import Any
 import yaml
 
 from hybridflow_lab.config import ConfigError, LabConfig
+from hybridflow_lab.config.presets import resolve_config
+from hybridflow_lab.dataflows import RunNeeds, check_config
 from hybridflow_lab.placement.hardware import GIB, HardwareProfile
 from hybridflow_lab.placement.report import text_table
 from hybridflow_lab.placement.simulator import MEMORY_RESERVE, Parallelism, resident_bytes
 from hybridflow_lab.placement.workload import ROLES, Workload
-from hybridflow_lab.trainer.lab import check_config, trained_roles
-from hybridflow_lab.trainer.presets import resolve_config
 
 INSIDE_ACTOR = ("reference", "reward", "cost")  # the Lab runs these in the actor's processes
 
@@ -64,11 +64,12 @@ class Placement:
     # ------------------------------------------------------------------ building
     @classmethod
     def from_config(cls, config: LabConfig) -> Placement:
-        """The placement a config describes: trained roles on their pools, the reference/reward on the actor's."""
-        roles = trained_roles(config)
+        """The placement a config describes: trained roles on their pools, the models the run builds inside the
+        actor's ranks (a reference copy, a reward model) on the actor's."""
+        needs = RunNeeds.of(config)
+        roles = needs.trained_roles
         assignment = {role: getattr(config, role).pool for role in roles}
-        inside = (["reference"] if config.algorithm.uses_reference else []) + (["reward"] if config.reward_model_path
-                                                                            else [])
+        inside = (["reference"] if needs.reference_model else []) + (["reward"] if needs.reward_model else [])
         assignment.update(dict.fromkeys(inside, config.actor.pool))
         actor = ModelSizes(t=config.actor.engine.tensor_parallel, tg=config.rollout.tensor_parallel)
         sizes = {"actor": actor, **({"reference": ModelSizes(t=actor.t, tg=actor.t)} if "reference" in inside else {})}

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from transformers import PretrainedConfig
 
 from hybridflow_lab.config import LabConfig
+from hybridflow_lab.dataflows import RunNeeds
+from hybridflow_lab.models.factory import load_config
 
 # The roles of an RLHF iteration, in the paper's order; "reward" and "cost" score, the others train or infer.
 ROLES = ("actor", "critic", "reference", "reward", "cost")
@@ -119,23 +121,20 @@ class Workload:
 
 def workload_from_config(config: LabConfig) -> Workload:
     """The workload a run's config describes: its models from disk, its batch and lengths, float32 on CPU."""
-    from hybridflow_lab.models.factory import load_config
-    from hybridflow_lab.trainer.dataflows import uses_critic
-    from hybridflow_lab.trainer.lab import needs_old_log_probs
-
+    needs = RunNeeds.of(config)
     actor = ModelSpec.from_hf(load_config(config.actor.model_path), "actor")
     models = {"actor": actor}
-    if config.algorithm.uses_reference:
+    if needs.reference_model:
         models["reference"] = actor
-    if uses_critic(config):
+    if needs.critic:
         critic_path = config.critic.model_path
         models["critic"] = ModelSpec.from_hf(load_config(critic_path), "critic", True) if critic_path \
             else actor.as_value_model()
-    if config.reward_model_path:
+    if needs.reward_model:
         models["reward"] = ModelSpec.from_hf(load_config(config.reward_model_path), "reward", True)
     batch = config.batch
     return Workload(models, prompts=batch.rollout_batch_prompts, prompt_tokens=config.rollout.max_prompt_tokens,
                     response_tokens=config.rollout.max_new_tokens, samples_per_prompt=batch.samples_per_prompt,
                     update_epochs=batch.update_epochs, micro_batch_sequences=batch.micro_batch_sequences_per_rank,
-                    dtype_bytes=4, recompute_log_probs=needs_old_log_probs(config),
+                    dtype_bytes=4, recompute_log_probs=needs.old_log_probs,
                     name=f"{config.algorithm.name}-{config.task.name}")

@@ -12,9 +12,16 @@ from typing import Any
 
 import torch
 
-from hybridflow_lab.config import AlgorithmConfig, BatchConfig, EngineConfig, LabConfig, RoleConfig, RolloutConfig
+from hybridflow_lab.config import (
+    AlgorithmConfig,
+    BatchConfig,
+    EngineConfig,
+    LabConfig,
+    OptimConfig,
+    RoleConfig,
+    RolloutConfig,
+)
 from hybridflow_lab.controller import Mesh, ResourcePool, Role, WorkerGroup
-from hybridflow_lab.engines import OptimConfig
 from hybridflow_lab.models import char_tokenizer, create_model_dir
 from hybridflow_lab.models.decoder import positions_from_mask
 from hybridflow_lab.protocol import DataBatch

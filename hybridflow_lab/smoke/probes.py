@@ -8,8 +8,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hybridflow_lab.config import OptimConfig
 from hybridflow_lab.controller import Dispatch, Worker, register
-from hybridflow_lab.engines import OptimConfig, build_train_engine
+from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.forward import count_response_tokens, response_nll
 from hybridflow_lab.engines.train_base import TrainEngine
 from hybridflow_lab.models import load_causal_lm

@@ -78,3 +78,12 @@ def encode_prompts(
     if ground_truths is not None:
         columns["ground_truth"] = list(ground_truths)
     return DataBatch({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}, columns)
+
+
+def rendered_prompts(tokenizer: PreTrainedTokenizerBase, batch: DataBatch, special_tokens: bool = False) -> list[str]:
+    """Each row's prompt as the model read it, decoded from its ids (a prompt batch's ``input_ids`` or a generated
+    batch's ``prompts``) without the padding; special tokens written out when ``special_tokens``."""
+    ids = batch["prompts"] if "prompts" in batch else batch["input_ids"]
+    real = batch["attention_mask"][:, : ids.shape[1]].bool()
+    return [tokenizer.decode(row[keep], skip_special_tokens=not special_tokens) for row, keep in zip(ids, real,
+                                                                                                      strict=True)]

@@ -23,22 +23,20 @@ import torch
 from hybridflow_lab.algorithms.kl import AdaptiveKLController, FixedKLController, apply_kl_penalty
 from hybridflow_lab.algorithms.registry import get_advantage_estimator, get_policy_loss
 from hybridflow_lab.algorithms.safe_rlhf import LagrangeMultiplier
-from hybridflow_lab.config import LabConfig, to_dict, validate
+from hybridflow_lab.config import LabConfig, to_dict
+from hybridflow_lab.config.presets import resolve_config
 from hybridflow_lab.config.validate import resolve_device
 from hybridflow_lab.controller import ResourcePool, Role, WorkerCallError, WorkerGroup, init_cluster
+from hybridflow_lab.dataflows import Metrics, RunNeeds, StepContext, check_config
 from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.redact import redact
 from hybridflow_lab.tasks.base import Example
-from hybridflow_lab.tasks.prompts import encode_prompts
-from hybridflow_lab.telemetry import JsonlSink, TelemetryStore
+from hybridflow_lab.tasks.prompts import encode_prompts, rendered_prompts
+from hybridflow_lab.telemetry import JsonlSink, StageSummary, TelemetryStore, sample_rows
 from hybridflow_lab.trainer import checkpointing
-from hybridflow_lab.trainer.dataflows import DATAFLOWS, ESTIMATOR_OF, check_algorithm, uses_critic
 from hybridflow_lab.trainer.metrics import accuracy, data_metrics, throughput
-from hybridflow_lab.trainer.presets import resolve_config
 from hybridflow_lab.trainer.run_log import MetricsLog
-from hybridflow_lab.trainer.samples import rendered_prompts, sample_rows
-from hybridflow_lab.trainer.stage_summary import StageSummary
 from hybridflow_lab.trainer.stages import Stage
 from hybridflow_lab.trainer.task_setup import build_task
 from hybridflow_lab.workers import ActorWorker, CriticWorker, RewardModelWorker, rule_scores
@@ -52,20 +50,6 @@ _running_labs: dict[str, weakref.ref[Lab]] = {}  # by name: what a re-run notebo
 TRAINING_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 
 
-def trained_roles(config: LabConfig) -> tuple[str, ...]:
-    """The roles with their own ``RoleConfig`` (model, pool, ranks, engine) under ``config``'s algorithm."""
-    return ("actor", "critic") if uses_critic(config) else ("actor",)
-
-
-def needs_old_log_probs(config: LabConfig) -> bool:
-    """Whether the update needs ``old_log_probs`` from a separate pass: it does when a batch gets more than
-    one optimizer step (or KL enters the rewards); with exactly one, the update's own forward pass gives the
-    same numbers and the pass is skipped."""
-    batch = config.batch
-    one_step = batch.update_epochs == 1 and batch.update_minibatch_sequences >= batch.step_sequences
-    return not one_step or config.algorithm.kl_reward_coef > 0
-
-
 def place(config: LabConfig, placement: Placement) -> LabConfig:
     """``config`` run with ``placement``, checked (``Placement.apply``) and its pools fitted to this machine's
     memory."""
@@ -77,12 +61,6 @@ def place(config: LabConfig, placement: Placement) -> LabConfig:
     return placed
 
 
-def check_config(config: LabConfig) -> None:
-    """Raise ``ConfigError`` for a setting that cannot work, before any worker starts."""
-    validate(config, roles=trained_roles(config))
-    check_algorithm(config)
-
-
 class Lab:
     """An RL run: config, task, worker groups and the state between steps."""
 
@@ -90,10 +68,9 @@ class Lab:
                  name: str | None = None, start: bool = True, resume: bool = False,
                  placement: Placement | None = None) -> None:
         self.config = resolve_config(config, overrides)
-        if placement is None:
-            check_config(self.config)
-        else:  # the placed config is what runs, and what gets checked
+        if placement is not None:  # the placed config is what runs, and what gets checked
             self.config = place(self.config, placement)
+        self.needs: RunNeeds = check_config(self.config)  # what this run builds and which stages run
         self.name = name or Path(self.config.trainer.run_dir).name
         self.run_dir = Path(self.config.trainer.run_dir)
         self.tokenizer = load_tokenizer(self.config.actor.model_path)
@@ -104,12 +81,9 @@ class Lab:
         self.samples: list[dict[str, Any]] = []  # a few rows of each step's batch, with their "step"
         self.last_batch: DataBatch | None = None
         self.last_eval: DataBatch | None = None  # the last evaluation's greedy responses and scores
-        self._dashboard: Any = None
         self._step_listeners: list[Callable[[dict[str, float]], None]] = []
         self.groups: dict[str, WorkerGroup] = {}
         self._pools: list[ResourcePool] = []
-        self._metrics: dict[str, float] = {}
-        self._calls = 0
         self.log: MetricsLog | None = None
         self._spans: JsonlSink | None = None
         if start:
@@ -135,12 +109,12 @@ class Lab:
         pools = self._build_pools(device)
         options = {"backend": config.backend, "telemetry": self.telemetry, "device": device}
         actor_pool = pools[config.actor.pool]
-        self.groups["actor"] = WorkerGroup(Role(ActorWorker, config), actor_pool, name=f"{self.name}.actor",
-                                           meshes=ActorWorker.meshes(config), **options)
-        if uses_critic(config):
+        self.groups["actor"] = WorkerGroup(Role(ActorWorker, config, self.needs.reference_model), actor_pool,
+                                           name=f"{self.name}.actor", meshes=ActorWorker.meshes(config), **options)
+        if self.needs.critic:
             self.groups["critic"] = WorkerGroup(Role(CriticWorker, config), pools[config.critic.pool],
                                                 name=f"{self.name}.critic", **options)
-        if config.reward_model_path:
+        if self.needs.reward_model:
             self.groups["reward_model"] = WorkerGroup(
                 Role(RewardModelWorker, config.reward_model_path, config.batch.micro_batch_sequences_per_rank),
                 actor_pool, name=f"{self.name}.reward_model", **options)
@@ -166,6 +140,7 @@ class Lab:
             if algorithm.kl_target > 0 else FixedKLController(algorithm.kl_reward_coef)
         self.lagrange = LagrangeMultiplier(algorithm.lagrange_init, algorithm.lagrange_lr, algorithm.cost_limit)
         self.step_index, self._next_uid = 0, 0
+        self._step: StepContext | None = None
 
     def _forget_steps_after(self, step: int) -> None:
         """Drop the metrics and samples of steps after ``step`` (they are replayed from there)."""
@@ -195,7 +170,15 @@ class Lab:
     @property
     def trained_roles(self) -> tuple[str, ...]:
         """The configured roles with their own ``RoleConfig`` (and pool): the actor, and the critic if used."""
-        return trained_roles(self.config)
+        return self.needs.trained_roles
+
+    @property
+    def current_step(self) -> StepContext:
+        """The iteration the stages record into (metrics, seconds, seeds): step ``step_index``. Stages called cell
+        by cell record into it too; ``step()`` starts it afresh."""
+        if self._step is None or self._step.index != self.step_index:
+            self._step = StepContext(self.step_index, self.config.seed)
+        return self._step
 
     def _build_pools(self, device: str) -> dict[str, ResourcePool]:
         """One resource pool per pool name in the config, sized by the ranks of the roles placed on it
@@ -210,7 +193,7 @@ class Lab:
         under them; running worker groups restart with the new layout and reload the weights from
         ``actor.model_path``. The task (its prompt stream, its reward function) stays unless ``task.*`` changed."""
         config = resolve_config(self.config, overrides)
-        check_config(config)
+        needs = check_config(config)
         checked = build_task(config)  # the task's checks (dataset rows, prompt lengths) under the new settings
         if config.task != self.config.task:
             self.task = checked
@@ -218,7 +201,7 @@ class Lab:
             self.task.shaping = checked.shaping
         if config.actor.model_path != self.config.actor.model_path:
             self.tokenizer = load_tokenizer(config.actor.model_path)
-        self.config = config
+        self.config, self.needs = config, needs
         if self.groups:
             self.start()
         return config
@@ -248,11 +231,6 @@ class Lab:
             raise RuntimeError(f"algorithm {self.config.algorithm.name!r} runs without a critic")
         return self.groups["critic"]
 
-    @property
-    def uses_reference(self) -> bool:
-        """Whether a KL term (``algorithm.kl_loss_coef`` or ``kl_reward_coef``) needs the reference policy."""
-        return self.config.algorithm.uses_reference
-
     # -------------------------------------------------------------------- stages
     @contextmanager
     def _stage(self, stage: Stage) -> Iterator[StageSummary]:
@@ -271,13 +249,7 @@ class Lab:
         finally:
             unsubscribe()
             summary.seconds = time.perf_counter() - start
-        key = f"timing_s/{stage.value}"
-        self._metrics[key] = self._metrics.get(key, 0.0) + summary.seconds
-
-    def _seed(self) -> int:
-        """A fresh seed for each sampling call, derived from the run seed and the step: resumable."""
-        self._calls += 1
-        return self.config.seed * 1_000_003 + self.step_index * 101 + self._calls
+        self.current_step.count(f"timing_s/{stage.value}", summary.seconds)
 
     def next_prompts(self, n: int | None = None) -> DataBatch:
         """The next ``rollout_batch_prompts`` prompts, left-padded, with ground truths and group ids (``uid``)."""
@@ -298,32 +270,36 @@ class Lab:
     def generate(self, prompts: DataBatch, greedy: bool = False, n: int | None = None) -> DataBatch:
         """Responses from the actor (``samples_per_prompt`` per prompt unless ``n``)."""
         with self._stage(Stage.GENERATE) as summary:
-            return summary.attach(self.actor.generate_sequences(prompts, greedy=greedy, n=n, seed=self._seed()))
+            seed = self.current_step.seed(Stage.GENERATE)
+            return summary.attach(self.actor.generate_sequences(prompts, greedy=greedy, n=n, seed=seed))
 
     def reward(self, batch: DataBatch) -> DataBatch:
-        """Sequence ``scores`` (the task's rule or the reward model), shaped, on the last token; ``costs`` if set."""
+        """Sequence ``scores`` (the task's rule or the reward model) and ``token_level_scores`` (the score on the last
+        response token); ``costs`` when the task has a cost rule."""
         with self._stage(Stage.REWARD) as summary:
             if "reward_model" in self.groups:
                 scores = self.groups["reward_model"].compute_rm_score(batch.select(*TRAINING_COLUMNS))["scores"]
             else:
                 scores = self._rule_scores(batch, self.task.reward, "reward")
-            scores = scores + self.task.shaping(batch["response_mask"].sum(-1))
             columns = {"scores": scores, "token_level_scores": token_level(scores, batch["response_mask"])}
             if self.task.cost is not None:
                 columns["costs"] = self._rule_scores(batch, self.task.cost, "cost")
+            return summary.attach(batch.union(DataBatch(columns)))
+
+    def shape_rewards(self, batch: DataBatch) -> DataBatch:
+        """``scores`` (and ``token_level_scores``) plus the run's reward shaping of each response's length: DAPO's
+        overlong penalty (``algorithm.overlong_buffer``, ``overlong_factor``)."""
+        with self._stage(Stage.SHAPE_REWARDS) as summary:
+            scores = batch["scores"] + self.task.shaping(batch["response_mask"].sum(-1))
+            columns = {"scores": scores, "token_level_scores": token_level(scores, batch["response_mask"])}
             return summary.attach(batch.union(DataBatch(columns)))
 
     def _rule_scores(self, batch: DataBatch, fn: Callable[..., float], name: str) -> torch.Tensor:
         """``fn``'s scores under the run's reward guard; rows it cannot score count in ``<name>/errors`` etc."""
         scored = rule_scores(batch, fn, self.reward_guard)
         for kind, count in scored.meta["reward_failures"].items():
-            self._metrics[f"{name}/{kind}"] = self._metrics.get(f"{name}/{kind}", 0) + count
+            self.current_step.count(f"{name}/{kind}", count)
         return scored["scores"]
-
-    @property
-    def needs_old_log_probs(self) -> bool:
-        """Whether the update needs ``old_log_probs`` from a separate pass (``needs_old_log_probs``)."""
-        return needs_old_log_probs(self.config)
 
     def old_log_prob(self, batch: DataBatch) -> DataBatch:
         """``old_log_probs`` and ``entropy`` of the responses under the current policy."""
@@ -340,69 +316,80 @@ class Lab:
         with self._stage(Stage.VALUES) as summary:
             return summary.attach(batch.union(self.critic.compute_values(batch.select(*TRAINING_COLUMNS))))
 
-    def advantages(self, batch: DataBatch, estimator: str | None = None, scores: str = "scores") -> DataBatch:
-        """``advantages`` and ``returns`` with the algorithm's estimator (or ``estimator``) on ``scores``.
+    def kl_penalty(self, batch: DataBatch) -> DataBatch:
+        """The KL to the reference in the rewards (PPO's way, ``algorithm.kl_reward_coef``): ``token_rewards`` are
+        ``token_level_scores`` minus beta times each token's KL (``kl_reward_kind``), and with costs ``token_costs``
+        are ``costs`` plus it, Safe-RLHF's mirror image. beta is the KL controller's value, which this updates
+        (adaptive with ``algorithm.kl_target``) once per call."""
+        algorithm = self.config.algorithm
+        with self._stage(Stage.KL_PENALTY) as summary:
+            mask, beta = batch["response_mask"], self.kl.value
+            old, ref = batch["old_log_probs"], batch["ref_log_probs"]
+            rewards, kl = apply_kl_penalty(batch["token_level_scores"], old, ref, mask, beta, algorithm.kl_reward_kind)
+            columns = {"token_rewards": rewards}
+            if "costs" in batch:
+                columns["token_costs"], _ = apply_kl_penalty(token_level(batch["costs"], mask), old, ref, mask, -beta,
+                                                             algorithm.kl_reward_kind)
+            self.current_step.record({"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": beta})
+            self.kl.update(kl, len(batch))
+            return summary.attach(batch.union(DataBatch(columns)))
 
-        With ``algorithm.kl_reward_coef`` > 0 the KL to the reference enters the token rewards
-        (``token_rewards``): subtracted from ``scores`` (which updates the KL controller, once per step) and
-        added to ``costs``, Safe-RLHF's mirror image. Every estimator sees those rewards, per token (GAE,
-        REINFORCE++) or summed per sequence (GRPO, RLOO, ReMax, ...: ``score - beta * sum KL``).
-        """
+    def advantages(self, batch: DataBatch, estimator: str | None = None, scores: str = "scores") -> DataBatch:
+        """``advantages`` and ``returns`` with the algorithm's estimator (or ``estimator``), and the ``token_rewards``
+        it saw (``token_costs`` for ``scores="costs"``): those ``kl_penalty`` made, else ``scores`` on each
+        response's last token. Per-token estimators (GAE, REINFORCE++) read them per token, the others per
+        sequence (GRPO, RLOO, ReMax, ...: ``score - beta * sum KL`` after the penalty)."""
+        penalised = "token_costs" if scores == "costs" else "token_rewards"
+        if self.config.algorithm.kl_reward_coef > 0 and penalised not in batch:
+            raise ValueError(f"algorithm.kl_reward_coef={self.config.algorithm.kl_reward_coef} puts the KL in the "
+                             f"rewards, but this batch has no {penalised}: call lab.kl_penalty(batch) first (the "
+                             "dataflows do)")
         algorithm = self.config.algorithm
         with self._stage(Stage.ADV) as summary:
             mask = batch["response_mask"]
-            token_rewards = token_level(batch[scores], mask)
-            if algorithm.kl_reward_coef > 0:
-                costs = scores == "costs"
-                token_rewards, kl = apply_kl_penalty(token_rewards, batch["old_log_probs"], batch["ref_log_probs"],
-                                                     mask, -self.kl.value if costs else self.kl.value,
-                                                     algorithm.kl_reward_kind)
-                if not costs:
-                    self._metrics.update({"actor/reward_kl_penalty": kl,
-                                          "actor/reward_kl_penalty_coeff": self.kl.value})
-                    self.kl.update(kl, len(batch))
-            name = estimator or ESTIMATOR_OF[algorithm.name]
-            advantages, returns = get_advantage_estimator(name)(
+            token_rewards = batch[penalised] if penalised in batch else token_level(batch[scores], mask)
+            advantages, returns = get_advantage_estimator(estimator or self.needs.algorithm.estimator)(
                 token_rewards=token_rewards, scores=token_rewards.sum(-1), values=batch.get("values"),
                 group_ids=torch.as_tensor(batch["uid"].astype(np.int64)), mask=mask,
                 baseline_scores=batch.get("baseline_scores"),
                 gamma=algorithm.gamma, lam=algorithm.lam,
             )
-            columns = {"advantages": advantages, "returns": returns, "token_rewards": token_rewards}
+            columns = {"advantages": advantages, "returns": returns, penalised: token_rewards}
             return summary.attach(batch.union(DataBatch(columns)))
 
-    def update_critic(self, batch: DataBatch) -> dict[str, float]:
-        """One pass of critic updates over the step's sequences; returns the critic metrics."""
+    def update_critic(self, batch: DataBatch) -> Metrics:
+        """One pass of critic updates over the step's sequences (needs ``values`` and ``returns``); returns the
+        critic metrics (recorded in the step)."""
         with self._stage(Stage.UPDATE_CRITIC) as summary:
             columns = batch.select(*TRAINING_COLUMNS, "values", "returns")
-            metrics = summary.attach_metrics(self.critic.update_critic(columns, seed=self._seed()).meta["metrics"])
-        self._metrics.update(metrics)
+            seed = self.current_step.seed(Stage.UPDATE_CRITIC)
+            metrics = summary.attach_metrics(self.critic.update_critic(columns, seed=seed).meta["metrics"])
+        self.current_step.record(metrics)
         return metrics
 
-    def update_actor(self, batch: DataBatch) -> dict[str, float]:
-        """PPO-style policy updates with the configured loss; returns the actor metrics."""
+    def update_actor(self, batch: DataBatch) -> Metrics:
+        """Policy updates with ``algorithm.policy_loss`` (needs ``advantages``), plus ``algorithm.kl_loss_coef``
+        times the KL to the reference when set (GRPO's way; needs ``ref_log_probs``); returns the actor metrics
+        (recorded in the step)."""
         algorithm = self.config.algorithm
         with self._stage(Stage.UPDATE_ACTOR) as summary:
             keys = [k for k in ("old_log_probs", "ref_log_probs", "rollout_log_probs") if k in batch]
             result = self.actor.update_actor(batch.select(*TRAINING_COLUMNS, "advantages", *keys),
                                              policy_loss=get_policy_loss(algorithm.policy_loss),
-                                             kl_coef=algorithm.kl_loss_coef, seed=self._seed())
+                                             kl_coef=algorithm.kl_loss_coef,
+                                             seed=self.current_step.seed(Stage.UPDATE_ACTOR))
             metrics = summary.attach_metrics(result.meta["metrics"])
-        self._metrics.update(metrics)
+        self.current_step.record(metrics)
         return metrics
 
-    def record(self, metrics: dict[str, float]) -> None:
-        """Add metrics to the current step (for dataflows that compute their own)."""
-        self._metrics.update(metrics)
-
     # ---------------------------------------------------------------- iterations
-    def step(self) -> dict[str, float]:
-        """One iteration of the configured algorithm's dataflow; returns (and logs) its metrics."""
-        self._metrics, self._calls = {}, 0
+    def step(self) -> Metrics:
+        """One iteration of the algorithm's dataflow (``needs.algorithm.dataflow``); returns (and logs) its metrics."""
+        self._step = step = StepContext(self.step_index, self.config.seed)
         start = time.perf_counter()
-        batch = DATAFLOWS[self.config.algorithm.name](self)
+        batch, metrics = self.needs.algorithm.dataflow(self, step)
         seconds = time.perf_counter() - start
-        metrics = {**self._metrics, **data_metrics(batch, self.config.rollout.max_new_tokens),
+        metrics = {**metrics, **data_metrics(batch, self.config.rollout.max_new_tokens),
                    **throughput(batch, seconds), "timing_s/step": seconds,
                    "train/accuracy": accuracy(batch["scores"])}
         self.step_index += 1
@@ -475,25 +462,6 @@ class Lab:
                                strict=True):
             row["prompt"] = prompt
         return pd.DataFrame(table)
-
-    # ------------------------------------------------------------------ notebook
-    # The UI layer sits above the trainer; it is imported on use so that scripts never load widgets.
-    def dashboard(self, **options: Any) -> Any:
-        """A live dashboard of this Lab (``hybridflow_lab.ui.Dashboard``); replaces the previous one."""
-        from hybridflow_lab.ui import Dashboard
-
-        if self._dashboard is not None:
-            self._dashboard.close()
-        self._dashboard = Dashboard(self, **options)
-        return self._dashboard
-
-    def placement_board(self, **options: Any) -> Any:
-        """Widgets to place the models on device pools and set their parallel sizes (``ui.PlacementBoard``); its
-        Suggest button ranks placements with the auto-mapping search (``placement.suggest``)."""
-        from hybridflow_lab.placement.suggest import suggest
-        from hybridflow_lab.ui import PlacementBoard
-
-        return PlacementBoard(self, **{"suggest": suggest, **options})
 
     # --------------------------------------------------------------- checkpoints
     def _trained_groups(self) -> dict[str, WorkerGroup]:

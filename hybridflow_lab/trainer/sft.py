@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from hybridflow_lab.config import OptimConfig
 from hybridflow_lab.engines.forward import count_response_tokens, response_nll
 from hybridflow_lab.engines.torch_engine import TorchEngine
 from hybridflow_lab.engines.torch_rollout import sequences_batch
-from hybridflow_lab.engines.train_base import OptimConfig
 from hybridflow_lab.models import load_causal_lm, save_model_dir
 from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch

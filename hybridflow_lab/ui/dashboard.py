@@ -1,4 +1,4 @@
-"""``lab.dashboard()``: a live notebook view of a Lab (timeline, stage times, curves, samples).
+"""``dashboard(lab)``: a live notebook view of a Lab (timeline, stage times, curves, samples).
 
 Spans arrive through a telemetry subscription (a list append on the training thread); a
 background thread redraws at most once per ``interval_s``, so the hot path never builds figures.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -124,3 +125,14 @@ class Dashboard:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
+
+
+_open: weakref.WeakKeyDictionary[Lab, Dashboard] = weakref.WeakKeyDictionary()
+
+
+def dashboard(lab: Lab, **options: Any) -> Dashboard:
+    """A live dashboard of ``lab`` (``Dashboard``'s ``options``); replaces, and closes, the one shown before."""
+    if lab in _open:
+        _open[lab].close()
+    _open[lab] = Dashboard(lab, **options)
+    return _open[lab]

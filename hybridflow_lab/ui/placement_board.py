@@ -1,4 +1,4 @@
-"""``lab.placement_board()``: place the models on device pools and pick their parallel sizes.
+"""``placement_board(lab)``: place the models on device pools and pick their parallel sizes.
 
 Only valid values are offered (each choice is checked with the config validation); an invalid
 combination says why; Apply reconfigures the Lab (restarting running worker groups). A ``suggest``
@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
-from hybridflow_lab.config import LabConfig
-from hybridflow_lab.engines import TRAIN_BACKENDS
+from hybridflow_lab.config import TRAIN_BACKENDS, LabConfig
 from hybridflow_lab.placement import Placement, Suggestion
 
 if TYPE_CHECKING:
@@ -154,3 +153,11 @@ class PlacementBoard:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
+
+
+def placement_board(lab: Lab, **options: Any) -> PlacementBoard:
+    """Widgets to place ``lab``'s models on device pools and set their parallel sizes; its Suggest button ranks
+    placements with the auto-mapping search (``placement.suggest``) unless ``options`` give another."""
+    from hybridflow_lab.placement.suggest import suggest
+
+    return PlacementBoard(lab, **{"suggest": suggest, **options})

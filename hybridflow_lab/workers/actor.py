@@ -18,6 +18,7 @@ from hybridflow_lab.algorithms.rollout_correction import rollout_correction
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.controller.mesh import Mesh
+from hybridflow_lab.dataflows import RunNeeds
 from hybridflow_lab.engines import SamplingParams
 from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.frozen import build_frozen_model
@@ -30,6 +31,7 @@ from hybridflow_lab.models.lora import adapters_disabled
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
 from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
+from hybridflow_lab.seeds import derive_seed
 from hybridflow_lab.workers.batching import TokenLoss, micro_batches, train_minibatches
 from hybridflow_lab.workers.trained_role import TrainedRole
 
@@ -70,7 +72,9 @@ class ActorWorker(TrainedRole):
         """The named meshes the actor's worker group needs (``train``, ``generate``, ``regroup``)."""
         return actor_meshes(config)
 
-    def __init__(self, config: LabConfig) -> None:
+    def __init__(self, config: LabConfig, reference_model: bool | None = None) -> None:
+        """``reference_model``: build the frozen reference policy (default: when the run needs it, ``RunNeeds``;
+        the Lab passes it, as a notebook's own algorithm is not known to the worker processes)."""
         torch.manual_seed(config.seed)
         self.config = config
         path = config.actor.model_path
@@ -78,9 +82,10 @@ class ActorWorker(TrainedRole):
         self.layout = actor_layout(config)
         tp, dp_group = self._training_parallelism()
         self.engine = self.build_engine(config.actor, shard_model(load_causal_lm(path), tp), dp_group, tp)
-        # no stage reads a reference without a KL term; under LoRA it is the base, the adapters switched off
-        self.reference = self._reference(shard_model(load_causal_lm(path), tp)) \
-            if config.algorithm.uses_reference and not config.actor.lora.enabled else None
+        if reference_model is None:
+            reference_model = RunNeeds.of(config).reference_model
+        # only when a stage reads it; under LoRA the reference is the base, the adapters switched off
+        self.reference = self._reference(shard_model(load_causal_lm(path), tp)) if reference_model else None
         self.rollout: TorchRollout | VllmRollout
         params, eos, pad = sampling_params(config), self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         if config.rollout.engine == "vllm":
@@ -128,7 +133,7 @@ class ActorWorker(TrainedRole):
         """
         replica = self.mesh_coords("generate")["dp"]
         params = sampling_params(self.config, greedy=greedy, n=n or self.config.batch.samples_per_prompt,
-                                 seed=None if seed is None else seed * 1009 + replica)
+                                 seed=None if seed is None else derive_seed(seed, "replica", replica))
         with self.hybrid.generating(), self.span("generate", prompts=len(prompts)) as attrs:
             out = self.rollout.generate(prompts["input_ids"], prompts["attention_mask"], params)
             attrs["tokens"] = int(out["response_mask"].sum())
@@ -168,8 +173,8 @@ class ActorWorker(TrainedRole):
             with adapters_disabled(self.engine.model):
                 return DataBatch({"ref_log_probs": self._log_probs(self.engine.module, batch, False)["log_probs"]})
         if self.reference is None:
-            raise RuntimeError("this actor holds no reference policy: it is built only for a KL term; set "
-                               "algorithm.kl_loss_coef or algorithm.kl_reward_coef > 0")
+            raise RuntimeError("this actor holds no reference policy: it is built only when the run needs one (a KL "
+                               "term); set algorithm.kl_loss_coef or algorithm.kl_reward_coef > 0")
         return DataBatch({"ref_log_probs": self._log_probs(self.reference, batch, with_entropy=False)["log_probs"]})
 
     @register(Dispatch.MESH("train"))

@@ -12,6 +12,7 @@ from hybridflow_lab.algorithms.losses import aggregate
 from hybridflow_lab.config import BatchConfig, LabConfig
 from hybridflow_lab.engines.train_base import Peak, TrainEngine
 from hybridflow_lab.protocol import DataBatch
+from hybridflow_lab.seeds import derive_seed
 
 TOKENS = "tokens"  # the valid tokens of a step, a metric that turns token sums into token means
 
@@ -34,8 +35,8 @@ def per_rank_minibatch(batch: BatchConfig, ranks: int) -> int:
 def minibatches(rows: DataBatch, size: int, epochs: int, seed: int) -> Iterator[DataBatch]:
     """``epochs`` passes over ``rows`` in a seeded random order, ``size`` rows at a time."""
     for epoch in range(epochs):
-        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed * 1000 + epoch),
-                               device="cpu")  # the same order on every device; it indexes any
+        generator = torch.Generator().manual_seed(derive_seed(seed, "epoch", epoch))
+        order = torch.randperm(len(rows), generator=generator, device="cpu")  # the same on every device; indexes any
         yield from rows.reorder(order).split(size)
 
 

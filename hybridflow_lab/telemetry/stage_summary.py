@@ -1,4 +1,5 @@
-"""What one Lab stage did (seconds, rows, tokens, bytes moved, which ranks ran), shown in a notebook."""
+"""What one stage of a run did (seconds, rows, tokens, bytes moved, which ranks ran), from its spans: what a
+notebook shows above the batch a stage returns."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow_lab.protocol import DataBatch
-from hybridflow_lab.telemetry import Phase, Span, format_bytes
-from hybridflow_lab.trainer.samples import sample_rows
+from hybridflow_lab.telemetry.samples import sample_rows
+from hybridflow_lab.telemetry.spans import Phase, Span
+from hybridflow_lab.telemetry.summary import format_bytes
 
 MOVED_PHASES = (Phase.DISPATCH, Phase.COLLECT, Phase.TRANSFER)
 

@@ -6,8 +6,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from hybridflow_lab.config import ConfigError, LabConfig, apply_overrides, from_dict, load_config, to_dict
-from hybridflow_lab.config.loading import merge
+from hybridflow_lab.config.loading import ConfigError, apply_overrides, from_dict, load_config, merge, to_dict
+from hybridflow_lab.config.schema import LabConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 

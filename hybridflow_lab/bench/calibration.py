@@ -1,0 +1,32 @@
+"""Measured runs of the standard workload (bench e2e's) and the CPU profile calibrated from them
+(``hybridflow-lab plan --calibrate``, ``bench placement``, tutorial 7)."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+from hybridflow_lab.bench.e2e import standard_lab
+from hybridflow_lab.placement.calibrate import StandardRun, profile_from_run
+from hybridflow_lab.placement.hardware import HardwareProfile
+from hybridflow_lab.placement.workload import workload_from_config
+from hybridflow_lab.telemetry import Phase
+
+
+def run_standard(ranks: int = 1, t: int = 1, tg: int = 1, steps: int = 3, warmup: int = 1) -> StandardRun:
+    """Run the standard workload (bench e2e's, torch engine) on ``ranks`` actor ranks with training TP ``t``
+    and generation TP ``tg``; the first ``warmup`` steps are not kept."""
+    with tempfile.TemporaryDirectory() as tmp:
+        lab = standard_lab(tmp, ranks, "torch", extra=(f"actor.engine.tensor_parallel={t}",
+                                                        f"rollout.tensor_parallel={tg}"))
+        try:
+            history = [lab.step() for _ in range(warmup + steps)][warmup:]
+            spans = [s for s in lab.telemetry.spans(phase=Phase.EXECUTE) if (s.step or 0) >= warmup]
+            return StandardRun(history, spans, lab.placement, workload_from_config(lab.config))
+        finally:
+            lab.shutdown()
+
+
+def calibrate(steps: int = 3, warmup: int = 1) -> tuple[HardwareProfile, dict[str, Any]]:
+    """Run the standard workload on one rank and return the calibrated CPU profile and its measurements."""
+    return profile_from_run(run_standard(steps=steps, warmup=warmup))
