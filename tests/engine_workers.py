@@ -10,6 +10,7 @@ from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.forward import count_response_tokens, response_nll
 from hybridflow_lab.engines.train_base import NonFiniteUpdate
+from hybridflow_lab.engines.training_state import TrainingState
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.models.lora import LoraConfig, apply_lora
 from hybridflow_lab.workers.trained_role import TrainedRole
@@ -20,14 +21,15 @@ class EngineProbe(TrainedRole):
     trained role does."""
 
     def __init__(self, model_dir: str, backend: str, zero_stage: int = 2, micro_batches: int = 2,
-                 offload: bool = False, bf16: bool = False, lora_rank: int = 0) -> None:
+                 offload: bool = False, bf16: bool = False, lora_rank: int = 0,
+                 state: TrainingState | None = None) -> None:
         torch.manual_seed(0)
         model = load_causal_lm(model_dir)
         if lora_rank:
             apply_lora(model, LoraConfig(rank=lora_rank))
         self.engine = build_train_engine(backend, model, OptimConfig(lr=1e-2, grad_clip=1.0),
                                          zero_stage=zero_stage, micro_batches_per_step=micro_batches,
-                                         offload=offload, bf16=bf16, device=self.device)
+                                         offload=offload, bf16=bf16, device=self.device, state=state)
         self.micro_batches = micro_batches
 
     @register(Dispatch.DP_COMPUTE)

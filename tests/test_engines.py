@@ -115,3 +115,25 @@ def test_schedule_warms_up_then_decays():
     assert seen == [0.5, 1.0, 1.0, 0.8682, 0.55, 0.2318, 0.1]
     with pytest.raises(ValueError, match=r"needs optim.total_steps"):
         OptimConfig(schedule="cosine")
+
+
+@pytest.mark.slow
+def test_a_run_moves_between_engines_and_layouts_without_losing_a_step(ray_cluster, model_dir, reference):
+    """One optimizer step in each of: one torch process, ZeRO-3 on 2 ranks, FSDP on 2 ranks, each starting from the
+    last one's ``training_state``: the same losses and weights as one process taking all three steps."""
+    losses, weights = reference
+    hops = [({"backend": "local"}, "torch", 0, 4), ({}, "deepspeed", 3, 2), ({}, "fsdp", 0, 2)]
+    state, seen = None, []
+    for options, backend, stage, micro_batches in hops:
+        group = WorkerGroup(Role(EngineProbe, model_dir, backend, zero_stage=stage, micro_batches=micro_batches,
+                                 state=state), ResourcePool(1 if options else 2), name=f"hop-{backend}", **options)
+        try:
+            seen += group.train(sequences(), steps=1).meta["losses"]
+            state = group.training_state()[0]
+        finally:
+            group.shutdown()
+    assert seen == pytest.approx(losses, rel=1e-5)
+    assert state.global_step == 3 and set(state.moments) == set(weights)
+    for name, value in weights.items():
+        diff = (state.weights[name] - value).abs()
+        assert diff.max() < 1e-3 and diff.mean() < 1e-5, name

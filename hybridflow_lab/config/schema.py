@@ -103,7 +103,7 @@ class BatchConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """Which dataflow runs and its knobs (see ``hybridflow_lab.trainer.dataflows``)."""
+    """Which dataflow runs and its knobs (see ``hybridflow_lab.dataflows``)."""
 
     RENAMED_KEYS: ClassVar[dict[str, str]] = {
         "kl_coef": "was split in two: set algorithm.kl_loss_coef (the KL to the reference as a loss term, GRPO's "

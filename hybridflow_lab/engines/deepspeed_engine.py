@@ -21,9 +21,11 @@ from torch import nn
 
 from hybridflow_lab.config import OptimConfig
 from hybridflow_lab.engines.train_base import TrainEngine, build_optimizer, build_scheduler
+from hybridflow_lab.engines.training_state import Moments
 from hybridflow_lab.models.lora import has_adapters, trainable_parameters
 
 CHECKPOINT_TAG = "checkpoint"
+ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def import_deepspeed(device: str = "cpu") -> ModuleType:
@@ -151,6 +153,41 @@ class DeepSpeedEngine(TrainEngine):
                 # a clone: the consumer may keep it past the gather (vLLM buffers a layer's tensors)
                 gathered = [(name, p.detach().clone()) for name, p in params.items()]
             yield from gathered
+
+    def _trained_weights(self) -> dict[str, torch.Tensor]:
+        """The fp32 master weights (under bf16 the module's own are rounded copies), gathered per parameter."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        return {name: safe_get_full_fp32_param(p).cpu() for name, p in self.model.named_parameters()
+                if p.requires_grad}
+
+    def _full_moments(self) -> Moments:
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        steps = [state["step"] for state in self.optimizer.optimizer.state.values() if "step" in state]
+        moments: Moments = {}
+        for name, p in self.model.named_parameters():
+            if p.requires_grad:  # one step count for all: ZeRO steps every partition at once
+                moments[name] = {key: safe_get_full_optimizer_state(p, key).cpu() for key in ADAM_MOMENTS}
+                moments[name].update({"step": steps[0].detach().cpu().clone()} if steps else {})
+        return moments
+
+    def _load_moments(self, moments: Moments) -> None:
+        from deepspeed.utils import safe_set_full_optimizer_state
+
+        base = self.optimizer.optimizer  # the torch AdamW over DeepSpeed's flat fp32 partitions (ZeRO-3's, or 1-2's)
+        flats = getattr(self.optimizer, "fp32_partitioned_groups_flat", None) \
+            or self.optimizer.single_partition_of_fp32_groups
+        for flat in flats:
+            if flat not in base.state:  # AdamW makes its state at its first step; a carried state comes before it
+                base.state[flat] = {"step": torch.tensor(0.0), **{key: torch.zeros_like(flat) for key in ADAM_MOMENTS}}
+        for name, p in self.model.named_parameters():
+            if name in moments:
+                for key in ADAM_MOMENTS:
+                    safe_set_full_optimizer_state(p, moments[name][key].to(p.device), key)
+        if steps := [m["step"] for m in moments.values() if "step" in m]:
+            for state in base.state.values():
+                state["step"] = steps[0].clone()
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
         self.engine.save_checkpoint(str(path), tag=CHECKPOINT_TAG, client_state={"global_step": self.global_step},

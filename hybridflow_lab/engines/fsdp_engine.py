@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 
 from hybridflow_lab.config import OptimConfig
 from hybridflow_lab.engines.train_base import TorchOptimizerEngine
+from hybridflow_lab.engines.training_state import Moments
 from hybridflow_lab.models.decoder import DecoderLayer
 from hybridflow_lab.models.lora import has_adapters, trainable_names, trainable_parameters
 
@@ -41,6 +42,10 @@ def shard_decoder(model: nn.Module, mesh: DeviceMesh, bf16: bool = False, offloa
     for layer in [m for m in model.modules() if isinstance(m, DecoderLayer)]:
         fully_shard(layer, **options)
     fully_shard(model, **options)
+
+
+FULL = StateDictOptions(full_state_dict=True)  # unsharded tensors on every rank
+FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)  # on rank 0's CPU only
 
 
 class FSDPEngine(TorchOptimizerEngine):
@@ -82,6 +87,14 @@ class FSDPEngine(TorchOptimizerEngine):
         for name, param in self.module.named_parameters():
             tensor = param.detach()
             yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor  # one all-gather each
+
+    def _full_moments(self) -> Moments:
+        return get_optimizer_state_dict(self.module, self.optimizer, options=FULL_ON_RANK0).get("state", {})
+
+    def _load_moments(self, moments: Moments) -> None:
+        groups = get_optimizer_state_dict(self.module, self.optimizer, options=FULL)["param_groups"]
+        set_optimizer_state_dict(self.module, self.optimizer, {"state": moments, "param_groups": groups},
+                                 options=FULL)
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Sharded weights (under LoRA the adapters only) and optimizer state (torch.distributed.checkpoint) plus the

@@ -19,9 +19,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hybridflow_lab.config import OptimConfig
 from hybridflow_lab.engines.train_base import TorchOptimizerEngine
+from hybridflow_lab.engines.training_state import Moments
 from hybridflow_lab.models.factory import load_weights, save_model_dir
 from hybridflow_lab.models.lora import has_adapters, load_adapters, save_adapters, trainable_parameters
-from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, gather_state_dict
+from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, gather, gather_state_dict, shard
 
 
 class TorchEngine(TorchOptimizerEngine):
@@ -57,6 +58,17 @@ class TorchEngine(TorchOptimizerEngine):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return gather_state_dict(self._model, self.tp)
+
+    def _full_moments(self) -> Moments:
+        return {name: {key: gather(value, name, self.tp).cpu() for key, value in self.optimizer.state[p].items()}
+                for name, p in self._model.named_parameters() if p in self.optimizer.state}
+
+    def _load_moments(self, moments: Moments) -> None:
+        for name, p in self._model.named_parameters():
+            if name in moments:  # AdamW's step counts stay on the CPU
+                self.optimizer.state[p] = {key: shard(value, name, self.tp).to(p.device if value.dim() else "cpu",
+                                                                                copy=True)
+                                           for key, value in moments[name].items()}
 
     def _optimizer_file(self, path: Path) -> Path:
         return path / (f"optimizer-tp{self.tp.rank}.pt" if self.tp.enabled else "optimizer.pt")

@@ -27,6 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridflow_lab.config.schema import OptimConfig
+from hybridflow_lab.engines.training_state import Moments, TrainingState
+from hybridflow_lab.models.lora import trainable_names
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, clip_grad_norm
 from hybridflow_lab.protocol import DataBatch
 
@@ -143,6 +145,33 @@ class TrainEngine(ABC):
         must consume it whole. Sharded engines gather one module at a time: a consumer that copies each
         tensor away (a rollout engine's weight sync) never holds a second full copy."""
         yield from self.full_state_dict().items()
+
+    def training_state(self) -> TrainingState:
+        """The trained weights, optimizer state and schedule as full tensors any engine continues from
+        (``engines.training_state``); collective, whole on rank 0."""
+        return TrainingState(self._trained_weights(), self._full_moments(), self.scheduler.state_dict(),
+                             self.global_step)
+
+    def load_training_state(self, state: TrainingState) -> None:
+        """Continue with ``state``'s optimizer state and schedule; its weights went into the model before this
+        engine was built (``build_train_engine(..., state=)``). Collective."""
+        self._load_moments(state.moments)
+        self.scheduler.load_state_dict(state.scheduler)
+        self.global_step = state.global_step
+        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True):
+            group["lr"] = lr  # a loaded schedule sets the rate at its next step; this step needs it already
+
+    def _trained_weights(self) -> dict[str, torch.Tensor]:
+        trained = trainable_names(self.model)
+        return {name: tensor.cpu() for name, tensor in self.full_weights() if name in trained}
+
+    @abstractmethod
+    def _full_moments(self) -> Moments:
+        """The optimizer state of every trained parameter, full tensors by parameter name; collective."""
+
+    @abstractmethod
+    def _load_moments(self, moments: Moments) -> None:
+        """Make ``moments`` (``_full_moments``'s form) this engine's optimizer state, sharded as it shards."""
 
     @abstractmethod
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:

@@ -61,7 +61,7 @@ def check_shardable(config: PretrainedConfig, size: int) -> None:
 def shard(tensor: torch.Tensor, name: str, tp: TensorParallel) -> torch.Tensor:
     """This rank's slice of a full parameter (a copy), or the parameter itself if replicated."""
     dim = split_dim(name)
-    if dim is None or not tp.enabled:
+    if dim is None or not tp.enabled or tensor.dim() == 0:
         return tensor
     return tensor.chunk(tp.size, dim=dim)[tp.rank].clone()
 
@@ -142,18 +142,20 @@ class VocabParallelEmbedding(torch.nn.Module):
         return reduce_from_parallel(out.masked_fill(outside[..., None], 0.0), self.tp)
 
 
+def gather(tensor: torch.Tensor, name: str, tp: TensorParallel) -> torch.Tensor:
+    """The full tensor of parameter ``name`` (or of its optimizer state) from this rank's shard ``tensor``, on every
+    rank of the TP group (collective); ``shard`` undoes it. Replicated tensors and scalars come back as they are."""
+    dim = split_dim(name)
+    if dim is None or not tp.enabled or tensor.dim() == 0:
+        return tensor.detach()
+    parts = [torch.empty_like(tensor) for _ in range(tp.size)]
+    dist.all_gather(parts, tensor.detach().contiguous(), group=tp.group)
+    return torch.cat(parts, dim=dim)
+
+
 def gather_state_dict(model: torch.nn.Module, tp: TensorParallel) -> dict[str, torch.Tensor]:
     """The full (unsharded) weights of a tensor-parallel shard, on every rank of its group (collective)."""
-    state = {}
-    for name, value in model.state_dict().items():
-        dim = split_dim(name)
-        if dim is None or not tp.enabled:
-            state[name] = value.detach()
-            continue
-        parts = [torch.empty_like(value) for _ in range(tp.size)]
-        dist.all_gather(parts, value.detach().contiguous(), group=tp.group)
-        state[name] = torch.cat(parts, dim=dim)
-    return state
+    return {name: gather(value, name, tp) for name, value in model.state_dict().items()}
 
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float, tp: TensorParallel) -> torch.Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ from hybridflow_lab.config.presets import resolve_config
 from hybridflow_lab.config.validate import resolve_device
 from hybridflow_lab.controller import ResourcePool, Role, WorkerCallError, WorkerGroup, init_cluster
 from hybridflow_lab.dataflows import Metrics, RunNeeds, StepContext, check_config
+from hybridflow_lab.engines import TrainingState
 from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.redact import redact
@@ -36,6 +38,7 @@ from hybridflow_lab.tasks.prompts import encode_prompts, rendered_prompts
 from hybridflow_lab.telemetry import JsonlSink, StageSummary, TelemetryStore, sample_rows
 from hybridflow_lab.trainer import checkpointing
 from hybridflow_lab.trainer.metrics import accuracy, data_metrics, throughput
+from hybridflow_lab.trainer.relayout import Reconfigured, carried_states
 from hybridflow_lab.trainer.run_log import MetricsLog
 from hybridflow_lab.trainer.stages import Stage
 from hybridflow_lab.trainer.task_setup import build_task
@@ -90,9 +93,10 @@ class Lab:
             self.start(resume=resume)
 
     # ------------------------------------------------------------------ lifetime
-    def start(self, resume: bool = False) -> None:
-        """Start (or restart) the worker groups; with ``resume``, continue from the latest checkpoint.
-        A running Lab of the same name (the notebook cell that built it, run again) is shut down first."""
+    def start(self, resume: bool = False, carried: dict[str, TrainingState] | None = None) -> None:
+        """Start (or restart) the worker groups; with ``resume``, continue from the latest checkpoint, with
+        ``carried`` from those trained roles' states (``reconfigure``). A running Lab of the same name (the notebook
+        cell that built it, run again) is shut down first."""
         previous = _running_labs.get(self.name)
         if previous is not None and previous() not in (None, self):
             previous().shutdown()
@@ -109,10 +113,13 @@ class Lab:
         pools = self._build_pools(device)
         options = {"backend": config.backend, "telemetry": self.telemetry, "device": device}
         actor_pool = pools[config.actor.pool]
-        self.groups["actor"] = WorkerGroup(Role(ActorWorker, config, self.needs.reference_model), actor_pool,
-                                           name=f"{self.name}.actor", meshes=ActorWorker.meshes(config), **options)
+        carried = carried or {}
+        self.groups["actor"] = WorkerGroup(Role(ActorWorker, config, self.needs.reference_model, carried.get("actor")),
+                                           actor_pool, name=f"{self.name}.actor", meshes=ActorWorker.meshes(config),
+                                           **options)
         if self.needs.critic:
-            self.groups["critic"] = WorkerGroup(Role(CriticWorker, config), pools[config.critic.pool],
+            self.groups["critic"] = WorkerGroup(Role(CriticWorker, config, carried.get("critic")),
+                                                pools[config.critic.pool],
                                                 name=f"{self.name}.critic", **options)
         if self.needs.reward_model:
             self.groups["reward_model"] = WorkerGroup(
@@ -188,10 +195,15 @@ class Lab:
         self._pools = list(pools.values())
         return pools
 
-    def reconfigure(self, *overrides: str) -> LabConfig:
-        """Apply dotted overrides (placement, parallel sizes, task, ...) after validating them and the task
-        under them; running worker groups restart with the new layout and reload the weights from
-        ``actor.model_path``. The task (its prompt stream, its reward function) stays unless ``task.*`` changed."""
+    def reconfigure(self, *overrides: str) -> Reconfigured:
+        """Apply dotted overrides (placement, parallel sizes, engines, batch sizes, task, ...) after validating them
+        and the task under them. Running worker groups restart in the new layout and go on from where they were:
+        each trained role's weights, optimizer state and schedule are gathered (``training_state``) and loaded into
+        the new layout, whatever its engine, ranks or tensor parallelism; the step, prompt stream and KL and
+        Lagrange controllers stay. The step is checkpointed first, so a layout that fails to start loses nothing.
+        A role that cannot carry its state (another model or LoRA setting) starts from its model path, with a
+        warning. The task (its prompt stream, its reward function) stays unless ``task.*`` changed."""
+        start = time.perf_counter()
         config = resolve_config(self.config, overrides)
         needs = check_config(config)
         checked = build_task(config)  # the task's checks (dataset rows, prompt lengths) under the new settings
@@ -201,10 +213,26 @@ class Lab:
             self.task.shaping = checked.shaping
         if config.actor.model_path != self.config.actor.model_path:
             self.tokenizer = load_tokenizer(config.actor.model_path)
+        if not self.groups:
+            self.config, self.needs = config, needs
+            return Reconfigured(tuple(overrides), config, self.step_index)
+        states = {role: group.training_state()[0] for role, group in self._trained_groups().items()}
+        checkpoint = self.save()
+        carried, fresh = carried_states(self.config, config, needs.trained_roles, states)
         self.config, self.needs = config, needs
-        if self.groups:
-            self.start()
-        return config
+        try:
+            self.start(carried=carried)
+        except BaseException as error:
+            error.add_note(f"step {self.step_index} is saved in {checkpoint}: Lab(<a config that starts>, "
+                           "resume=True) continues from it")
+            raise
+        for role, why in fresh.items():
+            if role in states:
+                warnings.warn(f"lab.reconfigure: the {role}'s trained state was not carried over ({why}); it is in "
+                              f"{checkpoint}", stacklevel=2)
+        return Reconfigured(tuple(overrides), config, self.step_index, True,
+                            {role: state.nbytes for role, state in carried.items()}, fresh, str(checkpoint),
+                            time.perf_counter() - start)
 
     def shutdown(self) -> None:
         """Stop the worker groups and close the logs (the Lab can be started again)."""

@@ -131,15 +131,16 @@ class PlacementBoard:
         running = bool(self.lab.groups)
         self.status.value = "restarting worker groups..." if running else "applying..."
         try:
-            self.lab.reconfigure(*overrides)
+            done = self.lab.reconfigure(*overrides)
         except Exception as error:  # shown on the board; the Lab keeps its previous config
             self.status.value = f"<span style='color:#b00'>not applied: {html.escape(str(error))}</span>"
             raise
         self.applied.append(overrides)
         self.plan = Placement.from_config(self.lab.config)
         self._render()
-        restarted = " and restarted the worker groups" if running else ""
-        self.status.value = f"applied{restarted}: {html.escape(self.plan.pool_summary())}"
+        restarted = " and restarted the worker groups" if done.restarted else ""
+        carried = f"<br><small>{html.escape(str(done))}</small>" if done.restarted else ""
+        self.status.value = f"applied{restarted}: {html.escape(self.plan.pool_summary())}{carried}"
 
     def show_suggestions(self, suggestions: list[Suggestion]) -> None:
         """List ranked suggestions; clicking one loads its plan into the board (Apply still applies it)."""

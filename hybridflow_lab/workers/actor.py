@@ -19,7 +19,7 @@ from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.controller.mesh import Mesh
 from hybridflow_lab.dataflows import RunNeeds
-from hybridflow_lab.engines import SamplingParams
+from hybridflow_lab.engines import SamplingParams, TrainingState
 from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.frozen import build_frozen_model
 from hybridflow_lab.engines.torch_rollout import TorchRollout
@@ -72,16 +72,18 @@ class ActorWorker(TrainedRole):
         """The named meshes the actor's worker group needs (``train``, ``generate``, ``regroup``)."""
         return actor_meshes(config)
 
-    def __init__(self, config: LabConfig, reference_model: bool | None = None) -> None:
+    def __init__(self, config: LabConfig, reference_model: bool | None = None,
+                 state: TrainingState | None = None) -> None:
         """``reference_model``: build the frozen reference policy (default: when the run needs it, ``RunNeeds``;
-        the Lab passes it, as a notebook's own algorithm is not known to the worker processes)."""
+        the Lab passes it, as a notebook's own algorithm is not known to the worker processes). ``state``: the
+        policy's training state to continue from (another layout's, ``Lab.reconfigure``)."""
         torch.manual_seed(config.seed)
         self.config = config
         path = config.actor.model_path
         self.tokenizer = load_tokenizer(path)
         self.layout = actor_layout(config)
         tp, dp_group = self._training_parallelism()
-        self.engine = self.build_engine(config.actor, shard_model(load_causal_lm(path), tp), dp_group, tp)
+        self.engine = self.build_engine(config.actor, shard_model(load_causal_lm(path), tp), dp_group, tp, state)
         if reference_model is None:
             reference_model = RunNeeds.of(config).reference_model
         # only when a stage reads it; under LoRA the reference is the base, the adapters switched off
@@ -98,6 +100,8 @@ class ActorWorker(TrainedRole):
             self.hybrid = self._hybrid_engine(None)
             assert self.hybrid.model is not None
             self.rollout = TorchRollout(self.hybrid.model, params, eos, pad, self.engine.precision)
+        if state is not None:
+            self.weights_loaded()  # the rollout engine loaded the model path's weights
 
     @property
     def data_parallel_size(self) -> int:

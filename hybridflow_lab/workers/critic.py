@@ -7,6 +7,7 @@ import torch
 from hybridflow_lab.algorithms.losses import clipped_value_loss
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, register
+from hybridflow_lab.engines import TrainingState
 from hybridflow_lab.engines.forward import response_values
 from hybridflow_lab.models.heads import load_scalar_model
 from hybridflow_lab.protocol import DataBatch
@@ -19,11 +20,12 @@ class CriticWorker(TrainedRole):
 
     trained_heads = ("score",)  # under LoRA the value head is trained in full
 
-    def __init__(self, config: LabConfig) -> None:
+    def __init__(self, config: LabConfig, state: TrainingState | None = None) -> None:
+        """``state``: the critic's training state to continue from (another layout's, ``Lab.reconfigure``)."""
         torch.manual_seed(config.seed)
         self.config = config
         model = load_scalar_model(config.critic.model_path or config.actor.model_path, seed=config.seed)
-        self.engine = self.build_engine(config.critic, model)
+        self.engine = self.build_engine(config.critic, model, state=state)
 
     @register(Dispatch.DP_COMPUTE)
     def compute_values(self, batch: DataBatch) -> DataBatch:

@@ -9,6 +9,7 @@ from hybridflow_lab.config import LabConfig, RoleConfig
 from hybridflow_lab.controller import Dispatch, Worker, register
 from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.train_base import TrainEngine
+from hybridflow_lab.engines.training_state import TrainingState
 from hybridflow_lab.models.decoder import enable_gradient_checkpointing
 from hybridflow_lab.models.lora import apply_lora
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
@@ -28,10 +29,11 @@ class TrainedRole(Worker):
         return self.world_size
 
     def build_engine(self, role: RoleConfig, model: nn.Module, dp_group: ProcessGroup | None = None,
-                     tp: TensorParallel = SINGLE) -> TrainEngine:
+                     tp: TensorParallel = SINGLE, state: TrainingState | None = None) -> TrainEngine:
         """``role``'s training engine around ``model`` (this rank's ``tp`` shard, on the CPU: the engine places it
         on this rank's device), sized by the run's batch config; gradients are averaged over ``dp_group``
-        (default: all ranks); ``role.lora`` puts adapters on it first. Collective."""
+        (default: all ranks); ``role.lora`` puts adapters on it first; ``state`` (a run's ``training_state``, from
+        any layout) is where it continues from. Collective."""
         batch, engine = self.config.batch, role.engine
         if role.lora.enabled:
             apply_lora(model, role.lora, self.trained_heads)
@@ -41,8 +43,15 @@ class TrainedRole(Worker):
         return build_train_engine(
             engine.backend, model, role.optim, zero_stage=engine.zero_stage, micro_batch_size=micro,
             micro_batches_per_step=per_rank_minibatch(batch, self.data_parallel_size) // micro,
-            offload=engine.offload, bf16=engine.bf16, dp_group=dp_group, tp=tp, device=self.device,
+            offload=engine.offload, bf16=engine.bf16, dp_group=dp_group, tp=tp, device=self.device, state=state,
         )
+
+    @register(Dispatch.ONE_TO_ALL)
+    def training_state(self) -> TrainingState | None:
+        """The weights, optimizer state and schedule as full tensors any layout continues from (``None`` from all
+        ranks but rank 0); collective."""
+        state = self.engine.training_state()
+        return state if self.rank == 0 else None
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
