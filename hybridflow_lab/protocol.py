@@ -157,16 +157,25 @@ class DataBatch:
 
     def union(self, other: DataBatch) -> DataBatch:
         """Columns and meta of both batches; a column or meta key present in both must be equal."""
-        if len(other) != self._size:
-            raise ValueError(f"union of batches with {self._size} and {len(other)} rows")
+        self._require_rows(other, "union")
         for key in set(self.keys()) & set(other.keys()):
             if not columns_equal(self[key], other[key]):
                 raise ValueError(f"union: column {key!r} differs between the two batches")
         for key in self.meta.keys() & other.meta.keys():
             if not values_equal(self.meta[key], other.meta[key]):
                 raise ValueError(f"union: meta key {key!r} differs between the two batches")
-        return DataBatch({**self.tensors, **other.tensors}, {**self.non_tensors, **other.non_tensors},
-                         {**self.meta, **other.meta}, batch_size=self._size)
+        return self.assign(other)
+
+    def assign(self, other: DataBatch) -> DataBatch:
+        """Columns and meta of both batches, ``other``'s where both have one: a stage that rewrites columns."""
+        self._require_rows(other, "assign")
+        tensors = {k: v for k, v in self.tensors.items() if k not in other.non_tensors} | other.tensors
+        non_tensors = {k: v for k, v in self.non_tensors.items() if k not in other.tensors} | other.non_tensors
+        return DataBatch(tensors, non_tensors, {**self.meta, **other.meta}, batch_size=self._size)
+
+    def _require_rows(self, other: DataBatch, operation: str) -> None:
+        if len(other) != self._size:
+            raise ValueError(f"{operation} of batches with {self._size} and {len(other)} rows")
 
     def _require(self, keys: Iterable[str], operation: str) -> None:
         missing = [k for k in keys if k not in self]

@@ -261,6 +261,10 @@ OVERRIDE_CASES = [
     # more ranks than a pool has
     Case("colocated_ranks_differ", [*PPO, "critic.ranks=1"], ConfigError, ("critic.pool", "actor (2 ranks)"),
          "set critic.ranks=2, or critic.pool=critic"),
+    Case("nodes_not_dividing_ranks", ["actor.nodes=3"], ConfigError, ("actor.nodes", "the 2 ranks of the actor"),
+         "use one of [1, 2]"),
+    Case("colocated_nodes_differ", [*PPO, "actor.nodes=2"], ConfigError, ("critic.nodes", "spans 2 node(s)"),
+         "set critic.nodes=2, or critic.pool=critic"),
     Case("local_backend_with_two_ranks", ["backend=local"], ConfigError, ("actor.ranks",),
          "set it to 1 or use backend=ray"),
     # unknown names

@@ -108,3 +108,21 @@ def test_step_seeds_are_per_stage_and_draw_and_cell_by_cell_is_step(model_dir, t
     assert by_hand.current_step.metrics["timing_s/generate"] > 0 and by_hand.current_step.index == 0
     stepped.shutdown()
     by_hand.shutdown()
+
+
+def test_the_overlong_penalty_rewrites_the_scores_the_advantages_see(model_dir, tmp_path):
+    """DAPO's length shaping is its own stage: responses in the last ``overlong_buffer`` tokens lose up to
+    ``overlong_factor``; the rule's scores go in, the shaped ones come out and are what the update trains on."""
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path, "algorithm.overlong_buffer=4",
+                                                           "algorithm.overlong_factor=0.5"))
+    scored = lab.reward(lab.generate(lab.next_prompts()))
+    shaped = lab.shape_rewards(scored)
+    lengths = scored["response_mask"].sum(-1).float()
+    expected = scored["scores"] - 0.5 * ((lengths - 1) / 4).clamp(0, 1)  # 5 new tokens, the last 4 penalised
+    torch.testing.assert_close(shaped["scores"], expected)
+    assert (expected < scored["scores"]).any()
+    torch.testing.assert_close(shaped["token_level_scores"].sum(-1), expected)
+    assert lab.current_step.metrics["reward/length_penalty"] == pytest.approx((expected - scored["scores"]).mean())
+    metrics = lab.step()
+    assert metrics["timing_s/shape_rewards"] > 0 and metrics["reward/length_penalty"] < 0
+    lab.shutdown()

@@ -61,6 +61,16 @@ def test_select_pop_union():
         batch.union(DataBatch({"other": torch.zeros(6)}, meta={"step": 4}))
 
 
+def test_assign_rewrites_columns_and_keeps_the_rest():
+    batch = make()
+    rewritten = batch.assign(DataBatch({"reward": torch.ones(6), "prompt": torch.zeros(6)}, meta={"step": 4}))
+    assert torch.equal(rewritten["reward"], torch.ones(6)) and torch.equal(rewritten["prompt"], torch.zeros(6))
+    assert rewritten.keys() == ["ids", "reward", "prompt", "truth"] and rewritten.meta["step"] == 4
+    assert torch.equal(batch["reward"], torch.arange(6, dtype=torch.float32))  # the input batch is unchanged
+    with pytest.raises(ValueError, match=r"assign of batches with 6 and 2 rows"):
+        batch.assign(make(2))
+
+
 def test_chunk_split_concat_round_trip():
     batch = make()
     chunks = batch.chunk(3)

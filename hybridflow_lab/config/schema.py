@@ -61,6 +61,7 @@ class RoleConfig:
     model_path: str = ""  # empty: the actor's model
     ranks: int = 1
     pool: str = "main"
+    nodes: int = 1  # Ray nodes the ranks spread over, ranks/nodes on each (a joined multi-node cluster)
     engine: EngineConfig = field(default_factory=EngineConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: train adapters, the base frozen
@@ -222,9 +223,15 @@ class LabConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
+    def pool_nodes(self, roles: tuple[str, ...]) -> dict[str, list[int]]:
+        """Each pool named by ``roles`` as its slots on each node: the ranks of the first role placed on it,
+        spread over that role's ``nodes``."""
+        slots: dict[str, list[int]] = {}
+        for name in roles:
+            role = getattr(self, name)
+            slots.setdefault(role.pool, [role.ranks // role.nodes] * role.nodes)
+        return slots
+
     def pool_slots(self, roles: tuple[str, ...]) -> dict[str, int]:
         """Each pool named by ``roles``, sized by the ranks of the first role placed on it."""
-        slots: dict[str, int] = {}
-        for role in roles:
-            slots.setdefault(getattr(self, role).pool, getattr(self, role).ranks)
-        return slots
+        return {pool: sum(per_node) for pool, per_node in self.pool_nodes(roles).items()}

@@ -220,20 +220,30 @@ def _data_parallel(name: str, role: RoleConfig) -> int:
 
 
 def _check_pools(config: LabConfig, roles: tuple[str, ...]) -> None:
-    """Roles sharing a pool are colocated rank by rank, so they need the same number of ranks."""
+    """Roles sharing a pool are colocated rank by rank, so they need the same ranks on the same nodes."""
     first_on_pool: dict[str, str] = {}
     for name in roles:
         role: RoleConfig = getattr(config, name)
         if not role.pool:
             raise ConfigError(f"{name}.pool", "must name a resource pool (e.g. 'main')")
+        _check_nodes(name, role)
         other = first_on_pool.setdefault(role.pool, name)
-        other_ranks = getattr(config, other).ranks
+        other_ranks, other_nodes = getattr(config, other).ranks, getattr(config, other).nodes
         if role.ranks != other_ranks:
             raise ConfigError(
                 f"{name}.pool", f"{name} ({role.ranks} ranks) is colocated with {other} ({other_ranks} ranks) on pool "
                 f"{role.pool!r}; colocated roles need the same ranks: set {name}.ranks={other_ranks}, or "
                 f"{name}.pool={name} to give it its own devices",
             )
+        if role.nodes != other_nodes:
+            raise ConfigError(f"{name}.nodes", f"{name} is colocated with {other} on pool {role.pool!r}, which spans "
+                              f"{other_nodes} node(s); set {name}.nodes={other_nodes}, or {name}.pool={name}")
+
+
+def _check_nodes(name: str, role: RoleConfig) -> None:
+    if role.nodes < 1 or role.ranks % role.nodes:
+        raise ConfigError(f"{name}.nodes", f"{role.nodes} nodes cannot hold the {role.ranks} ranks of the {name} "
+                          f"evenly; use one of {divisors(role.ranks)}")
 
 
 def visible_gpus(backend: str) -> int | None:

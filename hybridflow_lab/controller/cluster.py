@@ -44,7 +44,8 @@ def init_cluster(address: str | None = None, num_cpus: int | None = None, expose
         else:
             warn_if_auth_disabled()
             options["dashboard_host"] = dashboard_host(options.get("dashboard_host", LOOPBACK), expose_dashboard)
-            ray.init(num_cpus=num_cpus or default_cpu_slots(), **options)
+            # "local": never join a cluster that Ray's address file names (one started earlier, maybe long dead)
+            ray.init(address="local", num_cpus=num_cpus or default_cpu_slots(), **options)
     return ray.cluster_resources()
 
 

@@ -84,6 +84,10 @@ class RankHost:
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id() if self.info.backend == "ray" else "local"
 
+    def node_address(self) -> str:
+        """The address this rank's node is reached at (the controller's loopback on the local backend)."""
+        return ray.util.get_node_ip_address() if self.info.backend == "ray" else "127.0.0.1"
+
     def clock(self) -> float:
         return time.time()
 

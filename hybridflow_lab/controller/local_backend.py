@@ -55,6 +55,9 @@ class LocalRanks:
     def pids(self) -> list[int]:
         return [os.getpid()] * len(self.hosts)
 
+    def node_addresses(self) -> list[str]:
+        return [host.node_address() for host in self.hosts]
+
     def memory(self, release: bool) -> list[dict[str, float]]:
         return [host.memory(release) for host in self.hosts]
 

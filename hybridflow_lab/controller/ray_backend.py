@@ -154,6 +154,9 @@ class RayRanks:
             spans += [replace(s, t_start=s.t_start - offset, t_end=s.t_end - offset) for s in rank_spans]
         return spans
 
+    def node_addresses(self) -> list[str]:
+        return ray.get([actor.node_address.remote() for actor in self.actors])
+
     def pids(self) -> list[int]:
         """Each rank's process id."""
         return ray.get([actor.__ray_call__.remote(lambda host: os.getpid()) for actor in self.actors])

@@ -11,6 +11,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 _pool_ids = itertools.count()
+NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node
 
 
 class ResourcePool:
@@ -63,8 +64,10 @@ class ResourcePool:
         if self.resolve_gpu():
             bundle["GPU"] = 1
         self._check_fits(bundle)
-        groups = [placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK", name=f"{self.name}-{i}")
-                  for i, n in enumerate(self.nodes)]
+        targets = self._distinct_nodes(bundle) if len(self.nodes) > 1 else [None]
+        groups = [placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK", name=f"{self.name}-{i}",
+                                  bundle_label_selector=[{NODE_ID_LABEL: target}] * n if target else None)
+                  for i, (n, target) in enumerate(zip(self.nodes, targets, strict=True))]
         ready, _ = ray.wait([pg.ready() for pg in groups], num_returns=len(groups), timeout=timeout_s)
         if len(ready) < len(groups):
             for pg in groups:
@@ -77,6 +80,26 @@ class ResourcePool:
         self._placement_groups = groups
         self._finalizer = weakref.finalize(self, _remove_groups, list(groups))
         return groups
+
+    def _distinct_nodes(self, bundle: dict[str, float]) -> list[str]:
+        """A different alive Ray node for each of the pool's nodes (in address order), each big enough for its
+        slots: a pool spread over nodes must not be packed onto one."""
+        alive = sorted((node for node in ray.nodes() if node["Alive"]),
+                       key=lambda node: (node["NodeManagerAddress"], node["NodeID"]))
+        chosen: list[str] = []
+        for slots in self.nodes:
+            fits = [node["NodeID"] for node in alive if node["NodeID"] not in chosen
+                    and all(node["Resources"].get(r, 0) >= amount * slots for r, amount in bundle.items())]
+            if not fits:
+                sizes = ", ".join(f"{node['NodeManagerAddress']}: {node['Resources'].get('CPU', 0):g} CPU"
+                                  for node in alive)
+                raise RuntimeError(
+                    f"resource pool {self.name!r} spreads {self.nodes} slots of {bundle} over {len(self.nodes)} nodes "
+                    f"but the Ray cluster has {len(alive)} alive node(s) ({sizes}) and no other one fits {slots} "
+                    "slots; join a cluster with more nodes, or set the role's nodes to 1"
+                )
+            chosen.append(fits[0])
+        return chosen
 
     def _check_fits(self, bundle: dict[str, float]) -> None:
         """Fail at once when the whole cluster is too small (waiting could never help)."""

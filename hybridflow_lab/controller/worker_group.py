@@ -135,6 +135,10 @@ class WorkerGroup:
         """The process id of each rank (the controller's own on the local backend)."""
         return self._backend.pids()
 
+    def node_addresses(self) -> list[str]:
+        """The address of each rank's node (its Ray node IP; loopback on the local backend)."""
+        return self._backend.node_addresses()
+
     def memory(self, release: bool = False) -> list[dict[str, float]]:
         """Each rank's resident MiB and live Python objects (``controller.memory.memory_report``)."""
         return self._backend.memory(release)

@@ -191,7 +191,7 @@ class Lab:
         """One resource pool per pool name in the config, sized by the ranks of the roles placed on it
         (a GPU per slot on ``cuda``)."""
         pools = {pool: ResourcePool(slots, use_gpu=device == "cuda", name=f"{self.name}.{pool}")
-                 for pool, slots in self.config.pool_slots(self.trained_roles).items()}
+                 for pool, slots in self.config.pool_nodes(self.trained_roles).items()}
         self._pools = list(pools.values())
         return pools
 
@@ -315,12 +315,15 @@ class Lab:
             return summary.attach(batch.union(DataBatch(columns)))
 
     def shape_rewards(self, batch: DataBatch) -> DataBatch:
-        """``scores`` (and ``token_level_scores``) plus the run's reward shaping of each response's length: DAPO's
-        overlong penalty (``algorithm.overlong_buffer``, ``overlong_factor``)."""
+        """``scores`` (and ``token_level_scores``) rewritten with the run's reward shaping of each response's length:
+        DAPO's overlong penalty (``algorithm.overlong_buffer``, ``overlong_factor``); its mean is
+        ``reward/length_penalty``."""
         with self._stage(Stage.SHAPE_REWARDS) as summary:
-            scores = batch["scores"] + self.task.shaping(batch["response_mask"].sum(-1))
+            penalty = self.task.shaping(batch["response_mask"].sum(-1))
+            scores = batch["scores"] + penalty
+            self.current_step.record({"reward/length_penalty": penalty.float().mean().item()})
             columns = {"scores": scores, "token_level_scores": token_level(scores, batch["response_mask"])}
-            return summary.attach(batch.union(DataBatch(columns)))
+            return summary.attach(batch.assign(DataBatch(columns)))
 
     def _rule_scores(self, batch: DataBatch, fn: Callable[..., float], name: str) -> torch.Tensor:
         """``fn``'s scores under the run's reward guard; rows it cannot score count in ``<name>/errors`` etc."""
