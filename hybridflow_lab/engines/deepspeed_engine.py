@@ -180,7 +180,8 @@ class DeepSpeedEngine(TrainEngine):
             or self.optimizer.single_partition_of_fp32_groups
         for flat in flats:
             if flat not in base.state:  # AdamW makes its state at its first step; a carried state comes before it
-                base.state[flat] = {"step": torch.tensor(0.0), **{key: torch.zeros_like(flat) for key in ADAM_MOMENTS}}
+                zeros = {key: torch.zeros_like(flat) for key in ADAM_MOMENTS}
+                base.state[flat] = {"step": torch.tensor(0.0, device="cpu"), **zeros}  # AdamW keeps its step on the CPU
         for name, p in self.model.named_parameters():
             if name in moments:
                 for key in ADAM_MOMENTS:
