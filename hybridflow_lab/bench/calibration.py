@@ -13,12 +13,13 @@ from hybridflow_lab.placement.workload import workload_from_config
 from hybridflow_lab.telemetry import Phase
 
 
-def run_standard(ranks: int = 1, t: int = 1, tg: int = 1, steps: int = 3, warmup: int = 1) -> StandardRun:
-    """Run the standard workload (bench e2e's, torch engine) on ``ranks`` actor ranks with training TP ``t``
-    and generation TP ``tg``; the first ``warmup`` steps are not kept."""
+def run_standard(ranks: int = 1, t: int = 1, tg: int = 1, steps: int = 3, warmup: int = 1,
+                 extra: tuple[str, ...] = ()) -> StandardRun:
+    """Run the standard workload (bench e2e's, torch engine, plus ``extra`` overrides) on ``ranks`` actor ranks
+    with training TP ``t`` and generation TP ``tg``; the first ``warmup`` steps are not kept."""
     with tempfile.TemporaryDirectory() as tmp:
         lab = standard_lab(tmp, ranks, "torch", extra=(f"actor.engine.tensor_parallel={t}",
-                                                        f"rollout.tensor_parallel={tg}"))
+                                                        f"rollout.tensor_parallel={tg}", *extra))
         try:
             history = [lab.step() for _ in range(warmup + steps)][warmup:]
             spans = [s for s in lab.telemetry.spans(phase=Phase.EXECUTE) if (s.step or 0) >= warmup]

@@ -203,6 +203,7 @@ class TrainerConfig:
     on_nonfinite: str = "stop"  # a NaN/inf loss or gradient norm: "stop" the run, or "skip" the optimizer step
     logged_samples: int = 8  # rows of each step's batch kept for the sample browser, samples.jsonl and wandb
     progress: bool = True
+    overlap: bool = True  # lab.step() runs stages on different resource pools at the same time (lab.overlapped)
     wandb: bool = False
     wandb_project: str = "hybridflow-lab"
 

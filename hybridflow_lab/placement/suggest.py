@@ -1,8 +1,9 @@
 """Ranked suggestions for a Lab: the auto-mapping search restricted to what the Lab runs, as placement plans.
 
-The Lab keeps the reference and reward models inside the actor's ranks, has no pipeline parallelism,
-trains only the actor tensor-parallel (with the torch engine) and calls the models one stage after
-another, so the search runs with those limits; it may leave device slots unused (CPU ranks share cores).
+The Lab keeps the reference and reward models inside the actor's ranks, has no pipeline parallelism and
+trains only the actor tensor-parallel (with the torch engine), so the search runs with those limits; it
+may leave device slots unused (CPU ranks share cores). Models on different pools run side by side when the
+Lab overlaps its stages (``trainer.overlap`` on Ray), one after another otherwise.
 """
 
 from __future__ import annotations
@@ -14,13 +15,19 @@ from hybridflow_lab.placement.plan import ModelSizes, Placement, Suggestion
 from hybridflow_lab.placement.workload import workload_from_config
 
 LAB_LIMITS = {"together": ("actor", "reference", "reward"), "max_pipeline": 1, "tensor_parallel_roles": ("actor",),
-              "concurrent_sets": False, "follow_actor": ("reference",), "allow_idle": True}
+              "follow_actor": ("reference",), "allow_idle": True}
+
+
+def overlaps(config: LabConfig) -> bool:
+    """Whether ``config``'s Lab runs the stages of different pools at the same time."""
+    return config.trainer.overlap and config.backend == "ray"
 
 
 def lab_mapper(config: LabConfig, devices: int, hardware: HardwareProfile | str = "cpu") -> AutoMapper:
     """The search over placements the Lab can run for ``config`` on ``devices`` device slots."""
     profile = get_profile(hardware) if isinstance(hardware, str) else hardware
-    return AutoMapper(workload_from_config(config), profile, devices, **LAB_LIMITS)  # type: ignore[arg-type]
+    return AutoMapper(workload_from_config(config), profile, devices, concurrent_sets=overlaps(config),
+                      **LAB_LIMITS)  # type: ignore[arg-type]
 
 
 def as_placement(plan: MappingPlan, config: LabConfig) -> Placement:

@@ -26,6 +26,7 @@ class StageSummary:
     rows: int = 0
     tokens: int = 0
     samples: list[dict[str, Any]] = field(default_factory=list)
+    concurrent: list[str] = field(default_factory=list)  # stages that ran at the same time (an overlapped step)
 
     @property
     def bytes_moved(self) -> int:
@@ -65,6 +66,8 @@ class StageSummary:
             parts.append(f"{self.tokens} tokens")
         parts.append(f"{format_bytes(self.bytes_moved)} moved")
         parts += [f"{call} on ranks {ranks}" for call, ranks in self.worker_calls.items()]
+        if self.concurrent:
+            parts.append(f"alongside {', '.join(self.concurrent)}")
         return " · ".join(parts)
 
     def __str__(self) -> str:

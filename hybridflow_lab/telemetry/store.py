@@ -23,7 +23,17 @@ class TelemetryStore:
         self._lock = threading.Lock()
         self._listeners: list[Listener] = []
         self._pollers: list[Callable[[], None]] = []
-        self.step: int | None = None
+        self._local = threading.local()
+
+    @property
+    def step(self) -> int | None:
+        """The step that spans recorded from this thread without one get (each thread has its own: stages of
+        different steps can run at once)."""
+        return getattr(self._local, "step", None)
+
+    @step.setter
+    def step(self, value: int | None) -> None:
+        self._local.step = value
 
     def record(self, spans: Iterable[Span]) -> None:
         """Add spans; a span without a step gets the store's current step."""

@@ -14,7 +14,8 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from concurrent.futures import Future
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from hybridflow_lab.config.presets import resolve_config
 from hybridflow_lab.config.validate import resolve_device
 from hybridflow_lab.controller import ResourcePool, Role, WorkerCallError, WorkerGroup, init_cluster
 from hybridflow_lab.dataflows import Metrics, RunNeeds, StepContext, check_config
+from hybridflow_lab.dataflows.pending import Batch, resolve
 from hybridflow_lab.engines import TrainingState
 from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
@@ -40,6 +42,7 @@ from hybridflow_lab.trainer import checkpointing
 from hybridflow_lab.trainer.metrics import accuracy, data_metrics, throughput
 from hybridflow_lab.trainer.relayout import Reconfigured, carried_states
 from hybridflow_lab.trainer.run_log import MetricsLog
+from hybridflow_lab.trainer.stage_runner import StageRunner, lane_of
 from hybridflow_lab.trainer.stages import Stage
 from hybridflow_lab.trainer.task_setup import build_task
 from hybridflow_lab.workers import ActorWorker, CriticWorker, RewardModelWorker, rule_scores
@@ -80,6 +83,7 @@ class Lab:
         self.task = build_task(self.config)
         self._reset_run_state()
         self.telemetry = TelemetryStore()
+        self._runner = StageRunner(self.name, self.telemetry, self._add_recovery_note)
         self.history: list[dict[str, float]] = []  # each step's metrics, with its "step"
         self.samples: list[dict[str, Any]] = []  # a few rows of each step's batch, with their "step"
         self.last_batch: DataBatch | None = None
@@ -182,7 +186,10 @@ class Lab:
     @property
     def current_step(self) -> StepContext:
         """The iteration the stages record into (metrics, seconds, seeds): step ``step_index``. Stages called cell
-        by cell record into it too; ``step()`` starts it afresh."""
+        by cell record into it too; ``step()`` starts it afresh. Inside a running stage: that stage's step."""
+        running = self._runner.current_step()
+        if running is not None:
+            return running
         if self._step is None or self._step.index != self.step_index:
             self._step = StepContext(self.step_index, self.config.seed)
         return self._step
@@ -242,6 +249,7 @@ class Lab:
         for pool in self._pools:
             pool.release()
         self._pools = []
+        self._runner.close()
         for closable in (self.log, self._spans):
             if closable is not None:
                 closable.close()
@@ -260,24 +268,34 @@ class Lab:
         return self.groups["critic"]
 
     # -------------------------------------------------------------------- stages
+    def _stage(self, stage: Stage) -> AbstractContextManager[StageSummary]:
+        """Time a controller-side stage of the current step (``timing_s/<stage>``, a STAGE span)."""
+        return self._runner.timed(stage, self.current_step)
+
+    def _add_recovery_note(self, error: WorkerCallError, stage: str) -> None:
+        error.add_note(f"in the Lab's {stage!r} stage, {self.step_index} steps completed; " + self._recovery_hint())
+
+    def _lane(self, role: str | None) -> str:
+        """Where a stage of ``role``'s group runs in an overlapped step: its resource pool's lane (roles on one
+        pool take turns), or the controller's (None)."""
+        pool = {"critic": self.config.critic.pool}.get(role or "", self.config.actor.pool)
+        return lane_of(None if role is None else pool)
+
     @contextmanager
-    def _stage(self, stage: Stage) -> Iterator[StageSummary]:
-        """Time a stage (``timing_s/<stage>``, a STAGE span) and collect its spans into a ``StageSummary``."""
-        summary = StageSummary(stage.value, self.step_index)
-        self.telemetry.step = self.step_index  # stamps this stage's spans and its worker calls' spans
-        unsubscribe = self.telemetry.subscribe(summary.spans.extend)
-        start = time.perf_counter()
-        try:
-            with self.telemetry.stage(stage.value):
-                yield summary
-        except WorkerCallError as error:
-            error.add_note(f"in the Lab's {stage.value!r} stage, {self.step_index} steps completed; "
-                           + self._recovery_hint())
-            raise
-        finally:
-            unsubscribe()
-            summary.seconds = time.perf_counter() - start
-        self.current_step.count(f"timing_s/{stage.value}", summary.seconds)
+    def overlapped(self, enabled: bool = True) -> Iterator[None]:
+        """Inside, each stage returns at once (a ``PendingBatch``, or a ``Future`` of an update's metrics) and runs
+        as soon as the columns it reads exist: stages on different resource pools, and the controller's own
+        computations, run at the same time; a pool's stages run in the order they were called. Leaving waits
+        for them all and raises the first failure. ``lab.step()`` runs its dataflow this way
+        (``trainer.overlap``); with the local backend every rank lives in this process, so stages run in order."""
+        with self._runner.overlapped(enabled and self.config.backend == "ray"):
+            yield
+
+    @property
+    def stage_summaries(self) -> list[StageSummary]:
+        """The summaries of the last step's stages (or of the last ``overlapped()`` block), each with the stages
+        that ran alongside it."""
+        return list(self._runner.summaries)
 
     def next_prompts(self, n: int | None = None) -> DataBatch:
         """The next ``rollout_batch_prompts`` prompts, left-padded, with ground truths and group ids (``uid``)."""
@@ -295,35 +313,47 @@ class Lab:
         return encode_prompts(self.tokenizer, texts, rollout.max_prompt_tokens, truths, rollout.pad_prompts,
                               self.task.prompt_format)
 
-    def generate(self, prompts: DataBatch, greedy: bool = False, n: int | None = None) -> DataBatch:
+    def generate(self, prompts: Batch, greedy: bool = False, n: int | None = None) -> Batch:
         """Responses from the actor (``samples_per_prompt`` per prompt unless ``n``)."""
-        with self._stage(Stage.GENERATE) as summary:
-            seed = self.current_step.seed(Stage.GENERATE)
-            return summary.attach(self.actor.generate_sequences(prompts, greedy=greedy, n=n, seed=seed))
+        seed = self.current_step.seed(Stage.GENERATE)
 
-    def reward(self, batch: DataBatch) -> DataBatch:
+        def responses(_: DataBatch) -> DataBatch:
+            return self.actor.generate_sequences(resolve(prompts), greedy=greedy, n=n, seed=seed)
+
+        return self._runner.batch_stage(Stage.GENERATE, self.current_step, self._lane("actor"), None, responses)
+
+    def reward(self, batch: Batch) -> Batch:
         """Sequence ``scores`` (the task's rule or the reward model) and ``token_level_scores`` (the score on the last
         response token); ``costs`` when the task has a cost rule."""
-        with self._stage(Stage.REWARD) as summary:
-            if "reward_model" in self.groups:
-                scores = self.groups["reward_model"].compute_rm_score(batch.select(*TRAINING_COLUMNS))["scores"]
-            else:
-                scores = self._rule_scores(batch, self.task.reward, "reward")
-            columns = {"scores": scores, "token_level_scores": token_level(scores, batch["response_mask"])}
-            if self.task.cost is not None:
-                columns["costs"] = self._rule_scores(batch, self.task.cost, "cost")
-            return summary.attach(batch.union(DataBatch(columns)))
+        learned = "reward_model" in self.groups
 
-    def shape_rewards(self, batch: DataBatch) -> DataBatch:
+        def scores(rows: DataBatch) -> DataBatch:
+            if learned:
+                scores = self.groups["reward_model"].compute_rm_score(rows.select(*TRAINING_COLUMNS))["scores"]
+            else:
+                scores = self._rule_scores(rows, self.task.reward, "reward")
+            columns = {"scores": scores, "token_level_scores": token_level(scores, rows["response_mask"])}
+            if self.task.cost is not None:
+                columns["costs"] = self._rule_scores(rows, self.task.cost, "cost")
+            return DataBatch(columns)
+
+        writes = ("scores", "token_level_scores", *(("costs",) if self.task.cost is not None else ()))
+        lane = self._lane("reward_model" if learned else None)
+        return self._runner.batch_stage(Stage.REWARD, self.current_step, lane, batch, scores, writes=writes)
+
+    def shape_rewards(self, batch: Batch) -> Batch:
         """``scores`` (and ``token_level_scores``) rewritten with the run's reward shaping of each response's length:
         DAPO's overlong penalty (``algorithm.overlong_buffer``, ``overlong_factor``); its mean is
         ``reward/length_penalty``."""
-        with self._stage(Stage.SHAPE_REWARDS) as summary:
-            penalty = self.task.shaping(batch["response_mask"].sum(-1))
-            scores = batch["scores"] + penalty
+        def shaped(rows: DataBatch) -> DataBatch:
+            penalty = self.task.shaping(rows["response_mask"].sum(-1))
+            scores = rows["scores"] + penalty
             self.current_step.record({"reward/length_penalty": penalty.float().mean().item()})
-            columns = {"scores": scores, "token_level_scores": token_level(scores, batch["response_mask"])}
-            return summary.attach(batch.assign(DataBatch(columns)))
+            return DataBatch({"scores": scores, "token_level_scores": token_level(scores, rows["response_mask"])})
+
+        return self._runner.batch_stage(Stage.SHAPE_REWARDS, self.current_step, self._lane(None), batch, shaped,
+                                        reads=("scores", "response_mask"), writes=("scores", "token_level_scores"),
+                                        replaces=True)
 
     def _rule_scores(self, batch: DataBatch, fn: Callable[..., float], name: str) -> torch.Tensor:
         """``fn``'s scores under the run's reward guard; rows it cannot score count in ``<name>/errors`` etc."""
@@ -332,93 +362,110 @@ class Lab:
             self.current_step.count(f"{name}/{kind}", count)
         return scored["scores"]
 
-    def old_log_prob(self, batch: DataBatch) -> DataBatch:
+    def old_log_prob(self, batch: Batch) -> Batch:
         """``old_log_probs`` and ``entropy`` of the responses under the current policy."""
-        with self._stage(Stage.OLD_LOG_PROB) as summary:
-            return summary.attach(batch.union(self.actor.compute_log_prob(batch.select(*TRAINING_COLUMNS))))
+        return self._runner.batch_stage(Stage.OLD_LOG_PROB, self.current_step, self._lane("actor"), batch,
+                                        self.actor.compute_log_prob, reads=TRAINING_COLUMNS,
+                                        writes=("old_log_probs", "entropy"))
 
-    def ref_log_prob(self, batch: DataBatch) -> DataBatch:
+    def ref_log_prob(self, batch: Batch) -> Batch:
         """``ref_log_probs`` under the frozen reference policy."""
-        with self._stage(Stage.REF) as summary:
-            return summary.attach(batch.union(self.actor.compute_ref_log_prob(batch.select(*TRAINING_COLUMNS))))
+        return self._runner.batch_stage(Stage.REF, self.current_step, self._lane("actor"), batch,
+                                        self.actor.compute_ref_log_prob, reads=TRAINING_COLUMNS,
+                                        writes=("ref_log_probs",))
 
-    def values(self, batch: DataBatch) -> DataBatch:
+    def values(self, batch: Batch) -> Batch:
         """The critic's ``values`` per response token."""
-        with self._stage(Stage.VALUES) as summary:
-            return summary.attach(batch.union(self.critic.compute_values(batch.select(*TRAINING_COLUMNS))))
+        return self._runner.batch_stage(Stage.VALUES, self.current_step, self._lane("critic"), batch,
+                                        self.critic.compute_values, reads=TRAINING_COLUMNS, writes=("values",))
 
-    def kl_penalty(self, batch: DataBatch) -> DataBatch:
+    def kl_penalty(self, batch: Batch) -> Batch:
         """The KL to the reference in the rewards (PPO's way, ``algorithm.kl_reward_coef``): ``token_rewards`` are
         ``token_level_scores`` minus beta times each token's KL (``kl_reward_kind``), and with costs ``token_costs``
         are ``costs`` plus it, Safe-RLHF's mirror image. beta is the KL controller's value, which this updates
         (adaptive with ``algorithm.kl_target``) once per call."""
-        algorithm = self.config.algorithm
-        with self._stage(Stage.KL_PENALTY) as summary:
-            mask, beta = batch["response_mask"], self.kl.value
-            old, ref = batch["old_log_probs"], batch["ref_log_probs"]
-            rewards, kl = apply_kl_penalty(batch["token_level_scores"], old, ref, mask, beta, algorithm.kl_reward_kind)
-            columns = {"token_rewards": rewards}
-            if "costs" in batch:
-                columns["token_costs"], _ = apply_kl_penalty(token_level(batch["costs"], mask), old, ref, mask, -beta,
-                                                             algorithm.kl_reward_kind)
-            self.current_step.record({"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": beta})
-            self.kl.update(kl, len(batch))
-            return summary.attach(batch.union(DataBatch(columns)))
+        kind = self.config.algorithm.kl_reward_kind
 
-    def advantages(self, batch: DataBatch, estimator: str | None = None, scores: str = "scores") -> DataBatch:
+        def penalised(rows: DataBatch) -> DataBatch:
+            mask, beta = rows["response_mask"], self.kl.value
+            old, ref = rows["old_log_probs"], rows["ref_log_probs"]
+            rewards, kl = apply_kl_penalty(rows["token_level_scores"], old, ref, mask, beta, kind)
+            columns = {"token_rewards": rewards}
+            if "costs" in rows:
+                columns["token_costs"], _ = apply_kl_penalty(token_level(rows["costs"], mask), old, ref, mask, -beta,
+                                                             kind)
+            self.current_step.record({"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": beta})
+            self.kl.update(kl, len(rows))
+            return DataBatch(columns)
+
+        writes = ("token_rewards", *(("token_costs",) if "costs" in batch else ()))
+        return self._runner.batch_stage(Stage.KL_PENALTY, self.current_step, self._lane(None), batch, penalised,
+                                        writes=writes)
+
+    def advantages(self, batch: Batch, estimator: str | None = None, scores: str = "scores") -> Batch:
         """``advantages`` and ``returns`` with the algorithm's estimator (or ``estimator``), and the ``token_rewards``
         it saw (``token_costs`` for ``scores="costs"``): those ``kl_penalty`` made, else ``scores`` on each
         response's last token. Per-token estimators (GAE, REINFORCE++) read them per token, the others per
         sequence (GRPO, RLOO, ReMax, ...: ``score - beta * sum KL`` after the penalty)."""
         penalised = "token_costs" if scores == "costs" else "token_rewards"
-        if self.config.algorithm.kl_reward_coef > 0 and penalised not in batch:
-            raise ValueError(f"algorithm.kl_reward_coef={self.config.algorithm.kl_reward_coef} puts the KL in the "
-                             f"rewards, but this batch has no {penalised}: call lab.kl_penalty(batch) first (the "
-                             "dataflows do)")
         algorithm = self.config.algorithm
-        with self._stage(Stage.ADV) as summary:
-            mask = batch["response_mask"]
-            token_rewards = batch[penalised] if penalised in batch else token_level(batch[scores], mask)
-            advantages, returns = get_advantage_estimator(estimator or self.needs.algorithm.estimator)(
-                token_rewards=token_rewards, scores=token_rewards.sum(-1), values=batch.get("values"),
-                group_ids=torch.as_tensor(batch["uid"].astype(np.int64)), mask=mask,
-                baseline_scores=batch.get("baseline_scores"),
-                gamma=algorithm.gamma, lam=algorithm.lam,
+        if algorithm.kl_reward_coef > 0 and penalised not in batch:
+            raise ValueError(f"algorithm.kl_reward_coef={algorithm.kl_reward_coef} puts the KL in the rewards, but "
+                             f"this batch has no {penalised}: call lab.kl_penalty(batch) first (the dataflows do)")
+        estimate = get_advantage_estimator(estimator or self.needs.algorithm.estimator)
+
+        def advantages(rows: DataBatch) -> DataBatch:
+            mask = rows["response_mask"]
+            token_rewards = rows[penalised] if penalised in rows else token_level(rows[scores], mask)
+            advantages, returns = estimate(
+                token_rewards=token_rewards, scores=token_rewards.sum(-1), values=rows.get("values"),
+                group_ids=torch.as_tensor(rows["uid"].astype(np.int64)), mask=mask,
+                baseline_scores=rows.get("baseline_scores"), gamma=algorithm.gamma, lam=algorithm.lam,
             )
-            columns = {"advantages": advantages, "returns": returns, penalised: token_rewards}
-            return summary.attach(batch.union(DataBatch(columns)))
+            return DataBatch({"advantages": advantages, "returns": returns, penalised: token_rewards})
 
-    def update_critic(self, batch: DataBatch) -> Metrics:
+        return self._runner.batch_stage(Stage.ADV, self.current_step, self._lane(None), batch, advantages,
+                                        writes=("advantages", "returns", penalised))
+
+    def update_critic(self, batch: Batch) -> Metrics | Future[Metrics]:
         """One pass of critic updates over the step's sequences (needs ``values`` and ``returns``); returns the
-        critic metrics (recorded in the step)."""
-        with self._stage(Stage.UPDATE_CRITIC) as summary:
-            columns = batch.select(*TRAINING_COLUMNS, "values", "returns")
-            seed = self.current_step.seed(Stage.UPDATE_CRITIC)
-            metrics = summary.attach_metrics(self.critic.update_critic(columns, seed=seed).meta["metrics"])
-        self.current_step.record(metrics)
-        return metrics
+        critic metrics (recorded in the step; a ``Future`` of them inside ``overlapped()``)."""
+        step, seed = self.current_step, self.current_step.seed(Stage.UPDATE_CRITIC)
 
-    def update_actor(self, batch: DataBatch) -> Metrics:
+        def update(rows: DataBatch, summary: StageSummary) -> Metrics:
+            metrics = summary.attach_metrics(self.critic.update_critic(rows, seed=seed).meta["metrics"])
+            step.record(metrics)
+            return metrics
+
+        return self._runner.call_stage(Stage.UPDATE_CRITIC, step, self._lane("critic"), batch,
+                                       (*TRAINING_COLUMNS, "values", "returns"), update)
+
+    def update_actor(self, batch: Batch) -> Metrics | Future[Metrics]:
         """Policy updates with ``algorithm.policy_loss`` (needs ``advantages``), plus ``algorithm.kl_loss_coef``
         times the KL to the reference when set (GRPO's way; needs ``ref_log_probs``); returns the actor metrics
-        (recorded in the step)."""
+        (recorded in the step; a ``Future`` of them inside ``overlapped()``)."""
         algorithm = self.config.algorithm
-        with self._stage(Stage.UPDATE_ACTOR) as summary:
-            keys = [k for k in ("old_log_probs", "ref_log_probs", "rollout_log_probs") if k in batch]
-            result = self.actor.update_actor(batch.select(*TRAINING_COLUMNS, "advantages", *keys),
-                                             policy_loss=get_policy_loss(algorithm.policy_loss),
-                                             kl_coef=algorithm.kl_loss_coef,
-                                             seed=self.current_step.seed(Stage.UPDATE_ACTOR))
+        step, seed = self.current_step, self.current_step.seed(Stage.UPDATE_ACTOR)
+        keys = [k for k in ("old_log_probs", "ref_log_probs", "rollout_log_probs") if k in batch]
+
+        def update(rows: DataBatch, summary: StageSummary) -> Metrics:
+            result = self.actor.update_actor(rows, policy_loss=get_policy_loss(algorithm.policy_loss),
+                                             kl_coef=algorithm.kl_loss_coef, seed=seed)
             metrics = summary.attach_metrics(result.meta["metrics"])
-        self.current_step.record(metrics)
-        return metrics
+            step.record(metrics)
+            return metrics
+
+        return self._runner.call_stage(Stage.UPDATE_ACTOR, step, self._lane("actor"), batch,
+                                       (*TRAINING_COLUMNS, "advantages", *keys), update)
 
     # ---------------------------------------------------------------- iterations
     def step(self) -> Metrics:
         """One iteration of the algorithm's dataflow (``needs.algorithm.dataflow``); returns (and logs) its metrics."""
         self._step = step = StepContext(self.step_index, self.config.seed)
         start = time.perf_counter()
-        batch, metrics = self.needs.algorithm.dataflow(self, step)
+        with self.overlapped(self.config.trainer.overlap):
+            pending, metrics = self.needs.algorithm.dataflow(self, step)
+        batch = resolve(pending)
         seconds = time.perf_counter() - start
         metrics = {**metrics, **data_metrics(batch, self.config.rollout.max_new_tokens),
                    **throughput(batch, seconds), "timing_s/step": seconds,

@@ -25,9 +25,11 @@ SAMPLE_COLUMNS = ("step", "prompt", "response", "ground_truth", "score", "advant
 
 
 def timeline_row(span: Span) -> str:
-    """The Gantt row of a span: the controller for stages, ``<group> r<rank>`` for a rank's work."""
+    """The Gantt row of a span: the controller for stages (one row per lane when they overlapped), ``<group>
+    r<rank>`` for a rank's work."""
     if span.phase is Phase.STAGE:
-        return CONTROLLER_ROW
+        lane = span.attrs.get("lane")
+        return f"{CONTROLLER_ROW} ({lane})" if lane else CONTROLLER_ROW
     group = span.group.rsplit(".", 1)[-1] or span.role or "group"
     return f"{group} r{span.rank}"
 
@@ -70,7 +72,7 @@ def timeline(spans: Sequence[Span], title: str = "per-worker timeline") -> go.Fi
             hovertext=[_hover(s) for s in group], hoverinfo="text",
             marker_pattern_shape="/" if transfer else "",
         ))
-    rows = sorted({timeline_row(s) for s in spans}, key=lambda r: (r != CONTROLLER_ROW, r))
+    rows = sorted({timeline_row(s) for s in spans}, key=lambda r: (not r.startswith(CONTROLLER_ROW), r))
     figure.update_layout(title=title, barmode="overlay", xaxis_title="seconds", height=120 + 28 * len(rows),
                          yaxis={"categoryorder": "array", "categoryarray": rows[::-1]},
                          margin={"l": 10, "r": 10, "t": 40, "b": 40}, legend={"font": {"size": 10}})

@@ -1,0 +1,81 @@
+"""Running a step's stages at once where they can: one lane (thread) per resource pool and one for the controller.
+
+A lane runs its stages in the order the dataflow called them, so models that share devices (colocated on
+one pool) still take turns, while stages on different pools, and the controller's own computations, run
+side by side. A stage waits for its inputs inside its lane; since it can only read stages called before
+it, no lane ever waits for one queued behind it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+from hybridflow_lab.dataflows.pending import StageNotRun
+
+T = TypeVar("T")
+CONTROLLER_LANE = "controller"
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """When one stage ran, on which lane (seconds on the controller's clock, ``time.time``)."""
+
+    stage: str
+    step: int
+    lane: str
+    t_start: float
+    t_end: float
+
+    def overlaps(self, other: StageRun) -> bool:
+        return self.t_start < other.t_end and other.t_start < self.t_end
+
+
+class StageScheduler:
+    """Submits stages to lanes and waits for them (``drain``); ``runs`` says when each ran."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lanes: dict[str, ThreadPoolExecutor] = {}
+        self._pending: list[tuple[str, Future]] = []
+        self.runs: list[StageRun] = []
+
+    def submit(self, lane: str, stage: str, job: Callable[[], T]) -> Future[T]:
+        """Run ``job`` on ``lane`` after the stages submitted to it before."""
+        if lane not in self._lanes:
+            self._lanes[lane] = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}:{lane}")
+        future = self._lanes[lane].submit(job)
+        self._pending.append((stage, future))
+        return future
+
+    def record(self, run: StageRun) -> None:
+        self.runs.append(run)
+
+    def drain(self) -> None:
+        """Wait for every submitted stage; raise the first failure in the order the stages were called (a stage
+        that did not run because an earlier one failed gives way to that one)."""
+        pending, self._pending = self._pending, []
+        failures = [future.exception() for _, future in pending]
+        errors = [error for error in failures if error is not None]
+        if errors:
+            raise next((e for e in errors if not isinstance(e, StageNotRun)), errors[0])
+
+    def close(self) -> None:
+        """Wait for the running stages and stop the lanes' threads."""
+        for lane in self._lanes.values():
+            lane.shutdown(wait=True, cancel_futures=True)
+        self._lanes = {}
+        self._pending = []
+
+
+def concurrent_stages(runs: list[StageRun]) -> dict[str, list[str]]:
+    """For each stage of ``runs``, the other stages whose run overlapped its own (in time order)."""
+    alongside: dict[str, list[str]] = {}
+    for run in runs:
+        others = [other.stage for other in runs if other is not run and other.stage != run.stage
+                  and run.overlaps(other)]
+        alongside.setdefault(run.stage, [])
+        alongside[run.stage] += [s for s in others if s not in alongside[run.stage]]
+    return alongside

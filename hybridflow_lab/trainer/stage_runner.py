@@ -1,0 +1,143 @@
+"""How the Lab runs a stage: timed into its step, its spans collected, blocking or overlapped.
+
+Called one at a time (a notebook cell per stage), a stage runs at once and returns its batch. Inside
+``overlapped()`` (what ``lab.step()`` uses) it returns at once instead: a ``PendingBatch``, or a ``Future``
+of an update's metrics, while the stage runs on its lane (``scheduler``) as soon as the columns it reads
+exist. Either way the same stages run on the same inputs with the same seeds, so a step's numbers do
+not depend on whether its stages overlapped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager, suppress
+from typing import Any, TypeVar
+
+from hybridflow_lab.controller import WorkerCallError
+from hybridflow_lab.dataflows import StepContext
+from hybridflow_lab.dataflows.pending import Batch, PendingBatch, StageNotRun, resolve
+from hybridflow_lab.protocol import DataBatch
+from hybridflow_lab.telemetry import StageSummary, TelemetryStore
+from hybridflow_lab.trainer.scheduler import CONTROLLER_LANE, StageRun, StageScheduler, concurrent_stages
+from hybridflow_lab.trainer.stages import Stage
+
+T = TypeVar("T")
+
+
+class StageRunner:
+    """Runs the Lab's stages; ``summaries`` keeps the summary of each stage of the last overlapped scope, with
+    the stages that ran alongside it (``StageSummary.concurrent``)."""
+
+    def __init__(self, name: str, telemetry: TelemetryStore, on_worker_error: Callable[[WorkerCallError, str], None]):
+        self.telemetry = telemetry
+        self._on_worker_error = on_worker_error
+        self._scheduler = StageScheduler(name)
+        self._local = threading.local()
+        self.overlapping = False
+        self.summaries: list[StageSummary] = []
+
+    def current_step(self) -> StepContext | None:
+        """The step of the stage running in this thread (None outside a stage)."""
+        return getattr(self._local, "step", None)
+
+    @contextmanager
+    def timed(self, stage: Stage, step: StepContext, lane: str = "") -> Iterator[StageSummary]:
+        """Time a stage into ``step`` (``timing_s/<stage>``, a STAGE span on ``lane``) and collect the spans of its
+        worker calls into a ``StageSummary``."""
+        summary = StageSummary(stage.value, step.index)
+        self.telemetry.step = step.index  # this thread's: stamps this stage's spans and its worker calls' spans
+        thread, calls = threading.get_ident(), set()
+
+        def collect(spans: list[Any]) -> None:  # this stage's calls only, while other stages run beside it
+            mine = threading.get_ident() == thread
+            calls.update(span.call_id for span in spans if mine and span.call_id)
+            summary.spans.extend(span for span in spans if mine or span.call_id in calls)
+
+        unsubscribe = self.telemetry.subscribe(collect)
+        outer, self._local.step = self.current_step(), step
+        start, started = time.perf_counter(), time.time()
+        try:
+            with self.telemetry.stage(stage.value, lane=lane) if lane else self.telemetry.stage(stage.value):
+                yield summary
+        except WorkerCallError as error:
+            self._on_worker_error(error, stage.value)
+            raise
+        finally:
+            unsubscribe()
+            self._local.step = outer
+            summary.seconds = time.perf_counter() - start
+            self.summaries.append(summary)
+            self._scheduler.record(StageRun(stage.value, step.index, lane, started, time.time()))
+        step.count(f"timing_s/{stage.value}", summary.seconds)
+
+    def batch_stage(self, stage: Stage, step: StepContext, lane: str, batch: Batch | None,
+                    body: Callable[[DataBatch], DataBatch], reads: Sequence[str] | None = None,
+                    writes: Iterable[str] | None = None, replaces: bool = False) -> Batch:
+        """Run ``body`` on ``batch``'s columns ``reads`` (None: the whole batch) and add the columns it returns
+        (``writes``; ``replaces``: it rewrites existing ones); ``batch`` None: ``body`` makes a new batch."""
+        added = self.call_stage(stage, step, lane, batch, reads, lambda rows, summary: summary.attach(body(rows)))
+        if isinstance(added, Future):
+            return PendingBatch(stage.value, step.index, batch, added, writes, replaces)
+        if batch is None:
+            return added
+        output = resolve(batch).assign(added) if replaces else resolve(batch).union(added)
+        output.summary = added.summary
+        return output
+
+    def call_stage(self, stage: Stage, step: StepContext, lane: str, batch: Batch | None,
+                   reads: Sequence[str] | None, job: Callable[[DataBatch, StageSummary], T]) -> T | Future[T]:
+        """``job(rows, summary)`` on ``batch``'s columns ``reads``, timed as ``stage``: now, or inside
+        ``overlapped()`` on ``lane`` once those columns exist (a ``Future`` of its result)."""
+        span_lane = lane if self.overlapping else ""
+
+        def run() -> T:
+            rows = _inputs(batch, reads, stage)  # waiting for them is not the stage's time
+            with self.timed(stage, step, span_lane) as summary:
+                return job(rows, summary)
+
+        return self._scheduler.submit(lane, stage.value, run) if self.overlapping else run()
+
+    @contextmanager
+    def overlapped(self, enabled: bool = True) -> Iterator[None]:
+        """Stages called inside return at once and run on their lanes; leaving waits for all of them and raises
+        the first failure. ``enabled=False``: the same calls, each run as it is called (for comparison)."""
+        if self.overlapping:
+            raise RuntimeError("stages are already overlapping (lab.overlapped() inside another, or inside "
+                               "lab.step()); leave the outer one first")
+        self.overlapping, self.summaries = enabled, []
+        self._scheduler.runs.clear()
+        try:
+            yield
+        except BaseException:
+            self.overlapping = False
+            with suppress(BaseException):  # the stages already running finish; the body's error is the one raised
+                self._scheduler.drain()
+            raise
+        self.overlapping = False
+        self._scheduler.drain()
+        alongside = concurrent_stages(self._scheduler.runs)
+        for summary in self.summaries:
+            summary.concurrent = alongside.get(summary.stage, [])
+
+    def close(self) -> None:
+        self._scheduler.close()
+
+
+def _inputs(batch: Batch | None, reads: Sequence[str] | None, stage: Stage) -> DataBatch:
+    if batch is None:
+        return DataBatch()
+    try:
+        return resolve(batch) if reads is None else batch.select(*reads)
+    except StageNotRun as error:
+        raise StageNotRun(f"the {stage.value!r} stage did not run: {error}") from error
+    except KeyError as error:
+        raise KeyError(f"the {stage.value!r} stage reads columns {list(reads or [])}: {error.args[0]}; call the "
+                       "stage that computes it first") from None
+
+
+def lane_of(pool: str | None) -> str:
+    """The lane of a stage on the worker group of resource pool ``pool`` (None: a controller computation)."""
+    return CONTROLLER_LANE if pool is None else f"pool {pool}"

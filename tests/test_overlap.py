@@ -1,0 +1,123 @@
+"""Overlapped steps: stages on different pools run at once, colocated ones take turns, the numbers do not change."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+
+import pytest
+import torch
+
+from hybridflow_lab.dataflows.pending import PendingBatch, StageNotRun
+from hybridflow_lab.models import create_model_dir
+from hybridflow_lab.protocol import DataBatch
+from hybridflow_lab.telemetry import Phase
+from hybridflow_lab.trainer.lab import Lab
+from hybridflow_lab.ui.figures import timeline
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(create_model_dir(tmp_path_factory.mktemp("overlap") / "m", "tiny", "qwen2", seed=11))
+
+
+def ppo_overrides(model_dir, run_dir, critic_pool, *extra):
+    return ("backend=ray", f"actor.model_path={model_dir}", "algorithm.name=ppo", "actor.ranks=1", "critic.ranks=1",
+            f"critic.pool={critic_pool}", "actor.engine.backend=torch", "critic.engine.backend=torch",
+            "actor.optim.lr=1e-3", "critic.optim.lr=1e-3", "algorithm.kl_loss_coef=0.01", "algorithm.lam=0.95",
+            "algorithm.entropy_coef=0.01",
+            f"trainer.run_dir={run_dir}", "trainer.progress=false", "batch.rollout_batch_prompts=16",
+            "batch.samples_per_prompt=4", "batch.update_minibatch_sequences=64",
+            "batch.micro_batch_sequences_per_rank=16",
+            "rollout.max_new_tokens=24", "task.eval_size=8", "seed=3", *extra)
+
+
+def stage_spans(lab, step):
+    return {s.name: s for s in lab.telemetry.spans(phase=Phase.STAGE) if s.step == step}
+
+
+def overlapping(a, b):
+    return a.t_start < b.t_end and b.t_start < a.t_end
+
+
+def learned(metrics):
+    return {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/"))}
+
+
+@pytest.mark.slow
+def test_an_overlapped_ppo_step_gives_the_metrics_of_the_sequential_one(ray_cluster, model_dir, tmp_path):
+    """Actor and critic on pools of their own: the critic's values run beside the reference pass and its update
+    beside the actor's, and every learned number (losses, gradient norms, KL, scores) is bit-equal to the same
+    seed's steps run one stage at a time."""
+    histories = {}
+    for overlap in (False, True):
+        lab = Lab("arithmetic_grpo", overrides=ppo_overrides(model_dir, tmp_path / str(overlap), "critic",
+                                                             f"trainer.overlap={str(overlap).lower()}"))
+        try:
+            histories[overlap] = [learned(m) for m in lab.run(2)]
+            summaries = {s.stage: s for s in lab.stage_summaries}
+            steps = [stage_spans(lab, step) for step in (0, 1)]
+            together = [overlapping(spans["values"], spans["ref"]) for spans in steps]
+            if overlap:
+                assert summaries["update_actor"].concurrent == ["update_critic"]
+                assert "alongside update_critic" in summaries["update_actor"].headline()
+                assert any(together)  # the critic's values beside the reference pass (short: in one step at least)
+                spans = steps[1]
+                assert (spans["values"].attrs["lane"], spans["ref"].attrs["lane"]) == ("pool critic", "pool main")
+                rows = {row for bar in timeline(list(spans.values())).data for row in bar.y}
+                assert {"controller (pool critic)", "controller (pool main)"} <= rows
+            else:
+                assert all(not s.concurrent for s in summaries.values()) and not any(together)
+        finally:
+            lab.shutdown()
+    assert histories[True] == histories[False]
+    last = histories[True][1]
+    assert "critic/vf_loss" in last and last["actor/grad_norm"] > 0 and last["actor/kl"] != 0  # it learned
+
+
+@pytest.mark.slow
+def test_colocated_roles_take_turns_and_failures_name_their_stage(ray_cluster, model_dir, tmp_path):
+    """The critic on the actor's pool: no two of their stages overlap. A stage that fails stops the stages that
+    read it, and the step raises the failure itself; reading a column no stage produced names the reader."""
+    lab = Lab("arithmetic_grpo", overrides=ppo_overrides(model_dir, tmp_path / "run", "main"))
+    try:
+        lab.step()
+        spans = stage_spans(lab, 0)
+        pool_stages = [spans[name] for name in ("generate", "ref", "values", "update_critic", "update_actor")]
+        for a in pool_stages:
+            for b in pool_stages:
+                assert a is b or not overlapping(a, b), (a.name, b.name)
+
+        with pytest.raises(KeyError, match="'old_log_prob' stage reads"), lab.overlapped():
+            after = lab.advantages(lab.old_log_prob(lab.next_prompts()))  # prompts have no responses yet
+        with pytest.raises(StageNotRun, match=r"the 'adv' stage did not run: the 'old_log_prob' stage of step 1 failed"):
+            after["advantages"]
+        with pytest.raises(KeyError, match=r"'update_critic' stage reads .*'values'"), lab.overlapped():
+            batch = lab.reward(lab.generate(lab.next_prompts()))
+            lab.update_critic(batch)
+    finally:
+        lab.shutdown()
+
+
+def test_a_pending_batch_waits_only_for_the_stage_that_writes_a_column():
+    base = DataBatch({"input_ids": torch.ones(2, 3, dtype=torch.long)}, {"uid": [0, 1]})
+    values: Future[DataBatch] = Future()
+    pending = PendingBatch("values", 0, base, values, writes=("values",))
+    assert torch.equal(pending["input_ids"], base["input_ids"]) and len(pending) == 2  # without waiting
+    assert "values" in pending and "returns" not in pending and not pending.done()
+    with pytest.raises(KeyError, match=r"no stage before 'values'.*'returns'"):
+        pending["returns"]
+    got = []
+    reader = threading.Thread(target=lambda: got.append(pending["values"]))
+    reader.start()
+    reader.join(0.2)
+    assert reader.is_alive() and not got  # waits for the stage
+    values.set_result(DataBatch({"values": torch.full((2, 3), 0.5)}))
+    reader.join(5)
+    assert torch.equal(got[0], torch.full((2, 3), 0.5))
+    pending["advantages"] = torch.zeros(2, 3)
+    assert sorted(pending.result().keys()) == ["advantages", "input_ids", "uid", "values"]
+    failed: Future[DataBatch] = Future()
+    failed.set_exception(RuntimeError("rank 0 died"))
+    with pytest.raises(StageNotRun, match=r"'ref' stage of step 4 failed .*rank 0 died"):
+        PendingBatch("ref", 4, pending, failed, writes=("ref_log_probs",))["ref_log_probs"]
