@@ -12,7 +12,8 @@ from hybridflow_lab.placement.workload import Workload
 def predict(placement: Placement, workload: Workload, hardware: HardwareProfile,
             concurrent: bool = True) -> MappingPlan:
     """``placement`` scored like a searched plan: each pool a colocated set (models of ``workload`` only), the
-    actor's KV cache sized from what the pool's models leave free. ``concurrent``: the pools' stages run side by side (``suggest.overlaps``), else one after another."""
+    actor's KV cache sized from what the pool's models leave free. ``concurrent``: the pools' stages run side by
+    side (a Lab that overlaps its stages, ``suggest.overlaps``), else one after another."""
     placement.check_sizes()
     sets = []
     for pool, models in placement.used_pools().items():
