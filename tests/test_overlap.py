@@ -90,7 +90,7 @@ def test_colocated_roles_take_turns_and_failures_name_their_stage(ray_cluster, m
 
         with pytest.raises(KeyError, match="'old_log_prob' stage reads"), lab.overlapped():
             after = lab.advantages(lab.old_log_prob(lab.next_prompts()))  # prompts have no responses yet
-        with pytest.raises(StageNotRun, match=r"the 'adv' stage did not run: the 'old_log_prob' stage of step 1 failed"):
+        with pytest.raises(StageNotRun, match=r"the 'adv' stage did not run: the 'old_log_prob' stage of step 1"):
             after["advantages"]
         with pytest.raises(KeyError, match=r"'update_critic' stage reads .*'values'"), lab.overlapped():
             batch = lab.reward(lab.generate(lab.next_prompts()))
