@@ -111,6 +111,10 @@ class StageRunner:
         self._scheduler.runs.clear()
         try:
             yield
+        except StageNotRun:  # the dataflow read a stage that failed: raise that failure, the root cause
+            self.overlapping = False
+            self._scheduler.drain()
+            raise
         except BaseException:
             self.overlapping = False
             with suppress(BaseException):  # the stages already running finish; the body's error is the one raised
