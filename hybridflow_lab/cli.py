@@ -103,6 +103,7 @@ def _dashboard(args: argparse.Namespace) -> None:
 
 
 QUICK_BENCH = {
+    "async": {"steps": 1, "warmup": 1, "rounds": 1, "curve_steps": 2, "eval_every": 1, "staleness": (0, 1)},
     "algorithms": {"steps": 2, "runs": ("grpo", "gspo")},
     "dispatch": {"workers": (1, 2), "payloads": (0, 1 << 20), "repeats": 3},
     "rollout": {"size": "tiny", "prompts": 8, "new_tokens": 8, "repeats": 1},
@@ -174,8 +175,11 @@ def _ranked_plans(args: argparse.Namespace, profile: Any) -> dict[str, Any]:
             "plans": [plan.to_dict() for plan in plans]}
 
 
+BENCH_MODULES = {"async": "async_rollout"}  # a bench whose name is not its module's (``async`` is a keyword)
+
+
 def _bench(args: argparse.Namespace) -> None:
-    module = importlib.import_module(f"hybridflow_lab.bench.{args.what}")
+    module = importlib.import_module(f"hybridflow_lab.bench.{BENCH_MODULES.get(args.what, args.what)}")
     options = dict(QUICK_BENCH[args.what]) if args.quick else {}
     if args.minutes is not None:
         if args.what != "soak":

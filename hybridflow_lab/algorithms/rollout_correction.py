@@ -16,6 +16,14 @@ from .kl import clamped_exp
 LEVELS = ("", "token", "sequence")  # "" turns the correction off
 
 
+def is_level(setting: str, stale: bool, mask_level: str) -> str:
+    """The TIS level a run uses for ``algorithm.rollout_is=setting``: ``"auto"`` is ``"token"`` when its batches
+    come from an older policy version (``stale``, asynchronous rollout) and no masked IS is set, else off."""
+    if setting != "auto":
+        return setting
+    return "token" if stale and not mask_level else ""
+
+
 def rollout_correction(
     train_log_probs: torch.Tensor,
     rollout_log_probs: torch.Tensor,

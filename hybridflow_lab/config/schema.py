@@ -85,6 +85,10 @@ class RolloutConfig:
     kv_cache_gib: int = 1  # vllm on CPU: GiB of RAM each rank's engine reserves for its KV cache
     dtype: str = ""  # vllm's dtype: float32 | bfloat16 | float16; empty = the actor's training dtype
     verify_weight_sync: bool = True  # vllm: fingerprint every tensor after each weight sync, stop on a mismatch
+    pool: str = ""  # empty: the actor's ranks generate (the hybrid engine); a name: a generation group of its own
+    ranks: int = 1  # ranks of that group (data parallel, each with the whole policy)
+    nodes: int = 1
+    max_staleness: int = 0  # policy versions generation may run ahead of training: 0 on-policy, 1 one-step off
 
 
 @dataclass
@@ -135,7 +139,7 @@ class AlgorithmConfig:
     loss_agg: str = "auto"  # auto | token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
     entropy_coef: float = 0.0
     value_clip: float = 0.2
-    rollout_is: str = ""  # token | sequence: truncated importance sampling against the rollout engine's log-probs
+    rollout_is: str = "auto"  # token | sequence: truncated IS against the rollout's log-probs; auto: token when stale
     rollout_is_cap: float = 2.0
     rollout_mask: str = ""  # token | sequence: masked importance sampling, tokens (sequences) outside the band drop
     rollout_mask_low: float = 0.5

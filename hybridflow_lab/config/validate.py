@@ -14,7 +14,7 @@ from transformers import PretrainedConfig
 
 from hybridflow_lab.algorithms.rollout_correction import LEVELS as ROLLOUT_CORRECTION_LEVELS
 from hybridflow_lab.config.loading import ConfigError
-from hybridflow_lab.config.schema import RESHARD_STRATEGIES, TRAIN_BACKENDS, LabConfig, RoleConfig
+from hybridflow_lab.config.schema import RESHARD_STRATEGIES, TRAIN_BACKENDS, LabConfig, RoleConfig, RolloutConfig
 from hybridflow_lab.models.factory import load_config
 from hybridflow_lab.models.tensor_parallel import check_shardable
 from hybridflow_lab.models.tokenizers import load_tokenizer
@@ -81,11 +81,16 @@ BOUNDS = (
     Bound("algorithm.cispo_clip_low", "in [0, 1]", _probability, "CISPO's weights are clipped to [1 - low, "
           "1 + high]; use 1.0 for no lower bound"),
     Bound("algorithm.cispo_clip_high", "> 0", _positive, "use 4.0 (weights capped at 5, ScaleRL's choice)"),
-    *(Bound(f"algorithm.{key}", "'', 'token' or 'sequence'", lambda v: v in ROLLOUT_CORRECTION_LEVELS, fix)
-      for key, fix in (("rollout_is", "'' turns truncated importance sampling off; 'token' (TIS) weights each "
-                                      "token by min(pi_train / pi_rollout, rollout_is_cap)"),
-                       ("rollout_mask", "'' turns masked importance sampling off; 'token' drops the tokens whose "
-                                        "pi_train / pi_rollout leaves [rollout_mask_low, rollout_mask_high]"))),
+    Bound("algorithm.rollout_is", "'auto', '', 'token' or 'sequence'", lambda v: v == "auto" or v in
+          ROLLOUT_CORRECTION_LEVELS, "'' turns truncated importance sampling off; 'token' (TIS) weights each token "
+          "by min(pi_train / pi_rollout, rollout_is_cap); 'auto' is 'token' when generation runs ahead "
+          "(rollout.max_staleness > 0) and rollout_mask is off, else off"),
+    Bound("algorithm.rollout_mask", "'', 'token' or 'sequence'", lambda v: v in ROLLOUT_CORRECTION_LEVELS,
+          "'' turns masked importance sampling off; 'token' drops the tokens whose pi_train / pi_rollout leaves "
+          "[rollout_mask_low, rollout_mask_high]"),
+    Bound("rollout.max_staleness", ">= 0", _at_least(0), "use 0 (on-policy), or 1 to generate the next step's "
+          "rollouts while this step trains"),
+    Bound("rollout.ranks", ">= 1", _at_least(1), "use e.g. 1"),
     Bound("algorithm.rollout_is_cap", ">= 1", _at_least(1), "use e.g. 2.0 (weights above it are capped)"),
     Bound("algorithm.rollout_mask_low", "in (0, 1]", _fraction, "use e.g. 0.5"),
     Bound("algorithm.rollout_mask_high", ">= 1", _at_least(1), "use e.g. 2.0"),
@@ -131,8 +136,9 @@ def validate(config: LabConfig, roles: tuple[str, ...] = ("actor", "critic")) ->
     _check_batch(config)
     for name in roles:
         _check_role(config, name, getattr(config, name))
-    _check_pools(config, roles)
-    _check_device(config, roles)
+    pooled = (*roles, "rollout") if config.rollout.pool else roles  # a rollout group of its own has a pool too
+    _check_pools(config, pooled)
+    _check_device(config, pooled)
     _check_rollout(config)
     _check_vocabulary(config, roles)
 
@@ -223,7 +229,7 @@ def _check_pools(config: LabConfig, roles: tuple[str, ...]) -> None:
     """Roles sharing a pool are colocated rank by rank, so they need the same ranks on the same nodes."""
     first_on_pool: dict[str, str] = {}
     for name in roles:
-        role: RoleConfig = getattr(config, name)
+        role: RoleConfig | RolloutConfig = getattr(config, name)
         if not role.pool:
             raise ConfigError(f"{name}.pool", "must name a resource pool (e.g. 'main')")
         _check_nodes(name, role)
@@ -240,7 +246,7 @@ def _check_pools(config: LabConfig, roles: tuple[str, ...]) -> None:
                               f"{other_nodes} node(s); set {name}.nodes={other_nodes}, or {name}.pool={name}")
 
 
-def _check_nodes(name: str, role: RoleConfig) -> None:
+def _check_nodes(name: str, role: RoleConfig | RolloutConfig) -> None:
     if role.nodes < 1 or role.ranks % role.nodes:
         raise ConfigError(f"{name}.nodes", f"{role.nodes} nodes cannot hold the {role.ranks} ranks of the {name} "
                           f"evenly; use one of {divisors(role.ranks)}")
@@ -285,7 +291,7 @@ def _check_device(config: LabConfig, roles: tuple[str, ...]) -> None:
         raise ConfigError(f"{roles[0]}.ranks", f"the pools need one GPU per rank ({needed}) but {gpus} exist; use "
                           "fewer ranks, or colocate roles on one pool (critic.pool=main)")
     if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
-        for name in roles:
+        for name in (role for role in roles if role != "rollout"):
             if getattr(config, name).engine.bf16:
                 raise ConfigError(f"{name}.engine.bf16", f"{torch.cuda.get_device_name()} has no bfloat16; set "
                                   f"{name}.engine.bf16=false")

@@ -29,7 +29,9 @@ class Algorithm:
     learned reward model (None: when ``reward_model_path`` is set; otherwise the task's rule scores).
     ``group_relative``: its advantages compare the samples of one prompt, so a group needs two or more.
     ``dynamic_sampling``: its dataflow can drop groups whose rewards are all equal (DAPO). ``cost``: it needs a
-    cost signal (``task.cost``) besides the reward.
+    cost signal (``task.cost``) besides the reward. ``asynchronous_rollout``: its dataflow draws its responses
+    with ``lab.rollout()`` and its update takes a batch from an older policy version (importance-weighted
+    against the rollout's log-probs), so generation may run ahead of training (``rollout.max_staleness``).
     """
 
     name: str
@@ -41,6 +43,7 @@ class Algorithm:
     group_relative: bool = False
     dynamic_sampling: bool = False
     cost: bool = False
+    asynchronous_rollout: bool = False
     description: str = ""
 
 
@@ -92,11 +95,17 @@ class RunNeeds:
     reference_model: bool  # a frozen copy of the policy is built for them (not under LoRA: the adapters go off)
     reward_model: bool
     old_log_probs: bool  # a separate pass computes them (the update takes several optimizer steps per batch)
+    rollout_group: bool = False  # generation on a pool of its own (``rollout.pool``), not the actor's ranks
 
     @property
     def trained_roles(self) -> tuple[str, ...]:
         """The roles with their own ``RoleConfig`` (model, pool, ranks, engine): the actor, and the critic if used."""
         return ("actor", "critic") if self.critic else ("actor",)
+
+    @property
+    def pooled_roles(self) -> tuple[str, ...]:
+        """The roles given resource pools: the trained ones, and the rollout group when it has its own."""
+        return (*self.trained_roles, *(("rollout",) if self.rollout_group else ()))
 
     @classmethod
     def of(cls, config: LabConfig) -> RunNeeds:
@@ -105,7 +114,7 @@ class RunNeeds:
         reference = config.algorithm.uses_reference if algorithm.reference is None else algorithm.reference
         reward_model = bool(config.reward_model_path) if algorithm.reward_model is None else algorithm.reward_model
         return cls(algorithm, algorithm.critic, reference, reference and not config.actor.lora.enabled,
-                   reward_model, needs_old_log_probs(config))
+                   reward_model, needs_old_log_probs(config), bool(config.rollout.pool))
 
 
 def needs_old_log_probs(config: LabConfig) -> bool:

@@ -1,7 +1,8 @@
 """The built-in algorithms: one short dataflow function each, read top to bottom, and their declarations.
 
 A dataflow takes the stages (``lab``) and the step they record into, and hands back the step's final batch
-and its metrics. They differ in which stages run and in their advantage estimator; every decision is a line
+and its metrics. Its responses come from ``lab.rollout()``: generated now, or ahead of training
+(``rollout.max_staleness``). They differ in which stages run and in their advantage estimator; every decision is a line
 here: where the KL to the reference enters (the rewards, ``kl_in_rewards``, or the actor's loss, inside
 ``update_actor`` with ``algorithm.kl_loss_coef``), where rewards are shaped (``scored``), which log-probs
 are computed (``log_probs``).
@@ -18,13 +19,14 @@ from hybridflow_lab.algorithms.dapo import informative_groups
 from hybridflow_lab.algorithms.safe_rlhf import combined_advantages
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.dataflows.algorithm import register_algorithm
+from hybridflow_lab.dataflows.pending import Batch, resolve
 from hybridflow_lab.dataflows.stages import Metrics, Stages, StepContext
 from hybridflow_lab.protocol import DataBatch
 
 
-def ppo(lab: Stages, step: StepContext) -> tuple[DataBatch, Metrics]:
+def ppo(lab: Stages, step: StepContext) -> tuple[Batch, Metrics]:
     """PPO: a critic, GAE advantages, critic and actor updates (the paper's Figure 4)."""
-    batch = scored(lab, lab.next_prompts())
+    batch = scored(lab, lab.rollout())
     batch = log_probs(lab, batch)
     batch = lab.values(batch)
     batch = kl_in_rewards(lab, batch)
@@ -34,7 +36,7 @@ def ppo(lab: Stages, step: StepContext) -> tuple[DataBatch, Metrics]:
     return batch, step.metrics
 
 
-def grpo(lab: Stages, step: StepContext) -> tuple[DataBatch, Metrics]:
+def grpo(lab: Stages, step: StepContext) -> tuple[Batch, Metrics]:
     """GRPO (and Dr.GRPO, RLOO, REINFORCE++): outcome rewards compared within each prompt's group."""
     batch = sample(lab, step)
     batch = log_probs(lab, batch)
@@ -44,11 +46,12 @@ def grpo(lab: Stages, step: StepContext) -> tuple[DataBatch, Metrics]:
     return batch, step.metrics
 
 
-def remax(lab: Stages, step: StepContext) -> tuple[DataBatch, Metrics]:
-    """ReMax: the baseline of each prompt is the reward of its greedy response."""
+def remax(lab: Stages, step: StepContext) -> tuple[Batch, Metrics]:
+    """ReMax: the baseline of each prompt is the reward of its greedy response (under the same policy, so its
+    rollouts cannot run ahead)."""
     prompts = lab.next_prompts()
-    batch = scored(lab, prompts)
-    greedy = scored(lab, prompts, greedy=True, n=1)
+    batch = scored(lab, lab.generate(prompts))
+    greedy = scored(lab, lab.generate(prompts, greedy=True, n=1))
     batch["baseline_scores"] = per_sample(greedy["scores"], greedy["uid"], batch["uid"])
     batch = log_probs(lab, batch)
     batch = kl_in_rewards(lab, batch)
@@ -57,9 +60,9 @@ def remax(lab: Stages, step: StepContext) -> tuple[DataBatch, Metrics]:
     return batch, step.metrics
 
 
-def safe_rlhf(lab: Stages, step: StepContext) -> tuple[DataBatch, Metrics]:
+def safe_rlhf(lab: Stages, step: StepContext) -> tuple[Batch, Metrics]:
     """Safe-RLHF: maximise reward subject to expected cost <= limit, via a Lagrange multiplier."""
-    batch = scored(lab, lab.next_prompts())  # scores and costs
+    batch = scored(lab, lab.rollout())  # scores and costs
     batch = log_probs(lab, batch)
     batch = kl_in_rewards(lab, batch)  # the KL leaves the rewards and joins the costs
     cost_advantages = lab.advantages(batch, scores="costs")["advantages"]
@@ -71,34 +74,31 @@ def safe_rlhf(lab: Stages, step: StepContext) -> tuple[DataBatch, Metrics]:
     return batch, step.metrics
 
 
-def scored(lab: Stages, prompts: DataBatch, greedy: bool = False, n: int | None = None) -> DataBatch:
-    """Responses to ``prompts`` and their ``scores``: the task's rule (or the reward model), then the run's reward
-    shaping, DAPO's overlong penalty (``algorithm.overlong_buffer`` > 0)."""
-    batch = lab.reward(lab.generate(prompts, greedy=greedy, n=n))
+def scored(lab: Stages, responses: Batch) -> Batch:
+    """``responses`` with their ``scores``: the task's rule (or the reward model), then the run's reward shaping,
+    DAPO's overlong penalty (``algorithm.overlong_buffer`` > 0)."""
+    batch = lab.reward(responses)
     return lab.shape_rewards(batch) if lab.config.algorithm.overlong_buffer else batch
 
 
-def log_probs(lab: Stages, batch: DataBatch) -> DataBatch:
+def log_probs(lab: Stages, batch: Batch) -> Batch:
     """The current policy's log-probs when the update needs them (several optimizer steps per batch), the
     reference's when the run needs them (a KL term)."""
     batch = lab.old_log_prob(batch) if lab.needs.old_log_probs else batch
     return lab.ref_log_prob(batch) if lab.needs.reference else batch
 
 
-def kl_in_rewards(lab: Stages, batch: DataBatch) -> DataBatch:
+def kl_in_rewards(lab: Stages, batch: Batch) -> Batch:
     """The KL to the reference subtracted from the token rewards (PPO's way), when ``algorithm.kl_reward_coef`` > 0."""
     return lab.kl_penalty(batch) if lab.config.algorithm.kl_reward_coef > 0 else batch
 
 
-def sample(lab: Stages, step: StepContext) -> DataBatch:
+def sample(lab: Stages, step: StepContext) -> Batch:
     """Generate and score; with DAPO's dynamic sampling, keep only groups whose rewards differ and
-    draw more prompts until a full batch is collected (or ``max_sampling_rounds`` is reached)."""
-    def draw() -> DataBatch:
-        return scored(lab, lab.next_prompts())
-
+    draw more rollouts until a full batch is collected (or ``max_sampling_rounds`` is reached)."""
     if not lab.config.algorithm.dynamic_sampling:
-        return draw()
-    batch = informative_batch(draw, lab.config)
+        return scored(lab, lab.rollout())
+    batch = informative_batch(lambda: resolve(scored(lab, lab.rollout())), lab.config)
     step.record({"dapo/kept_groups": len(set(batch["uid"].tolist()))})
     return batch
 
@@ -137,17 +137,20 @@ def _group_ids(batch: DataBatch) -> torch.Tensor:
     return torch.as_tensor(batch["uid"].astype(np.int64))
 
 
-register_algorithm("ppo", ppo, "gae", critic=True, description="PPO with a critic and GAE")
-register_algorithm("grpo", grpo, "grpo", group_relative=True, dynamic_sampling=True,
+register_algorithm("ppo", ppo, "gae", critic=True, asynchronous_rollout=True,
+                   description="PPO with a critic and GAE")
+register_algorithm("grpo", grpo, "grpo", group_relative=True, dynamic_sampling=True, asynchronous_rollout=True,
                    description="GRPO: the group's mean and standard deviation as the baseline")
-register_algorithm("dr_grpo", grpo, "dr_grpo", group_relative=True, dynamic_sampling=True,
+register_algorithm("dr_grpo", grpo, "dr_grpo", group_relative=True, dynamic_sampling=True, asynchronous_rollout=True,
                    description="Dr. GRPO: the group's mean, no standard deviation, a constant loss normaliser")
-register_algorithm("rloo", grpo, "rloo", group_relative=True, dynamic_sampling=True,
+register_algorithm("rloo", grpo, "rloo", group_relative=True, dynamic_sampling=True, asynchronous_rollout=True,
                    description="RLOO: the mean of the other samples of the prompt as the baseline")
 register_algorithm("reinforce_plus_plus", grpo, "reinforce_plus_plus", dynamic_sampling=True,
-                   description="REINFORCE++: discounted token returns, normalised over the batch")
+                   asynchronous_rollout=True, description="REINFORCE++: discounted token returns, normalised over "
+                   "the batch")
 register_algorithm("reinforce_plus_plus_baseline", grpo, "reinforce_plus_plus_baseline", group_relative=True,
-                   dynamic_sampling=True, description="REINFORCE++ with the group's mean as the baseline")
+                   dynamic_sampling=True, asynchronous_rollout=True,
+                   description="REINFORCE++ with the group's mean as the baseline")
 register_algorithm("remax", remax, "remax", description="ReMax: the greedy response's reward as the baseline")
-register_algorithm("safe_rlhf", safe_rlhf, "grpo", group_relative=True, cost=True,
+register_algorithm("safe_rlhf", safe_rlhf, "grpo", group_relative=True, cost=True, asynchronous_rollout=True,
                    description="Safe-RLHF: reward against a cost limit, with a Lagrange multiplier")

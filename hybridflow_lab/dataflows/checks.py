@@ -15,7 +15,37 @@ def check_config(config: LabConfig) -> RunNeeds:
     """Raise ``ConfigError`` for a setting that cannot work, before any worker starts; returns what the run needs."""
     needs = check_algorithm(config)
     validate(config, roles=needs.trained_roles)
+    check_rollout_group(config, needs)
     return needs
+
+
+def check_rollout_group(config: LabConfig, needs: RunNeeds) -> None:
+    """A rollout group of its own, and generation running ahead of training, only where they can work."""
+    rollout, name = config.rollout, config.algorithm.name
+    if rollout.pool:
+        taken = {getattr(config, role).pool: role for role in needs.trained_roles}
+        if rollout.pool in taken:
+            raise ConfigError("rollout.pool", f"pool {rollout.pool!r} holds the {taken[rollout.pool]}; a rollout group "
+                              "gets a pool of its own (e.g. rollout.pool=rollout), or leave rollout.pool empty for "
+                              "the actor's ranks to generate (the hybrid engine)")
+        if rollout.tensor_parallel > 1:
+            raise ConfigError("rollout.tensor_parallel", "a rollout group of its own runs data parallel, each rank "
+                              "with the whole policy; set rollout.tensor_parallel=1, or leave rollout.pool empty")
+    if rollout.max_staleness == 0:
+        return
+    if not needs.algorithm.asynchronous_rollout:
+        able = sorted(n for n, a in ALGORITHMS.items() if a.asynchronous_rollout)
+        raise ConfigError("rollout.max_staleness", f"the {name} dataflow cannot take batches from an older policy "
+                          f"(it does not draw them with lab.rollout(), or its update cannot weight them); set "
+                          f"rollout.max_staleness=0, or use one that can: {', '.join(able)}")
+    if not rollout.pool:
+        raise ConfigError("rollout.max_staleness", "generation colocated with training (the actor's ranks, "
+                          "rollout.pool empty) waits for each update, so it cannot run ahead; give it a pool of its "
+                          "own: rollout.pool=rollout, or set rollout.max_staleness=0")
+    if config.backend != "ray" or not config.trainer.overlap:
+        key = "backend" if config.backend != "ray" else "trainer.overlap"
+        raise ConfigError(key, "generation runs ahead of training only when stages overlap on Ray; set backend=ray "
+                          "and trainer.overlap=true, or rollout.max_staleness=0")
 
 
 def check_algorithm(config: LabConfig) -> RunNeeds:

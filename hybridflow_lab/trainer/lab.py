@@ -41,6 +41,7 @@ from hybridflow_lab.telemetry import JsonlSink, StageSummary, TelemetryStore, sa
 from hybridflow_lab.trainer import checkpointing
 from hybridflow_lab.trainer.metrics import accuracy, data_metrics, throughput
 from hybridflow_lab.trainer.relayout import Reconfigured, carried_states
+from hybridflow_lab.trainer.rollouts_ahead import RolloutsAhead
 from hybridflow_lab.trainer.run_log import MetricsLog
 from hybridflow_lab.trainer.stage_runner import StageRunner, lane_of
 from hybridflow_lab.trainer.stages import Stage
@@ -48,12 +49,19 @@ from hybridflow_lab.trainer.task_setup import build_task
 from hybridflow_lab.workers import ActorWorker, CriticWorker, RewardModelWorker, rule_scores
 from hybridflow_lab.workers.reward import token_level
 from hybridflow_lab.workers.reward_guard import RewardGuard
+from hybridflow_lab.workers.rollout import RolloutWorker
 
 if TYPE_CHECKING:
     from hybridflow_lab.placement import Placement
 
 _running_labs: dict[str, weakref.ref[Lab]] = {}  # by name: what a re-run notebook cell replaces
 TRAINING_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+
+
+def staleness(behind: np.ndarray) -> Metrics:
+    """``rollout/staleness_{min,mean,max}``: how many policy versions each row's generator was behind."""
+    return {"rollout/staleness_min": float(behind.min()), "rollout/staleness_mean": float(behind.mean()),
+            "rollout/staleness_max": float(behind.max())}
 
 
 def place(config: LabConfig, placement: Placement) -> LabConfig:
@@ -125,6 +133,11 @@ class Lab:
             self.groups["critic"] = WorkerGroup(Role(CriticWorker, config, carried.get("critic")),
                                                 pools[config.critic.pool],
                                                 name=f"{self.name}.critic", **options)
+        if self.needs.rollout_group:
+            self.groups["rollout"] = WorkerGroup(Role(RolloutWorker, config), pools[config.rollout.pool],
+                                                 name=f"{self.name}.rollout", **options)
+        self._rollout_version, self._rollout_sync = None, None  # the policy version the rollout group holds
+        self._ahead.reset()
         if self.needs.reward_model:
             self.groups["reward_model"] = WorkerGroup(
                 Role(RewardModelWorker, config.reward_model_path, config.batch.micro_batch_sequences_per_rank),
@@ -151,7 +164,9 @@ class Lab:
             if algorithm.kl_target > 0 else FixedKLController(algorithm.kl_reward_coef)
         self.lagrange = LagrangeMultiplier(algorithm.lagrange_init, algorithm.lagrange_lr, algorithm.cost_limit)
         self.step_index, self._next_uid = 0, 0
+        self.policy_version = 0  # actor updates so far: each batch's policy_version says which one generated it
         self._step: StepContext | None = None
+        self._ahead = RolloutsAhead(self.config.rollout.max_staleness)
 
     def _forget_steps_after(self, step: int) -> None:
         """Drop the metrics and samples of steps after ``step`` (they are replayed from there)."""
@@ -198,7 +213,7 @@ class Lab:
         """One resource pool per pool name in the config, sized by the ranks of the roles placed on it
         (a GPU per slot on ``cuda``)."""
         pools = {pool: ResourcePool(slots, use_gpu=device == "cuda", name=f"{self.name}.{pool}")
-                 for pool, slots in self.config.pool_nodes(self.trained_roles).items()}
+                 for pool, slots in self.config.pool_nodes(self.needs.pooled_roles).items()}
         self._pools = list(pools.values())
         return pools
 
@@ -278,7 +293,8 @@ class Lab:
     def _lane(self, role: str | None) -> str:
         """Where a stage of ``role``'s group runs in an overlapped step: its resource pool's lane (roles on one
         pool take turns), or the controller's (None)."""
-        pool = {"critic": self.config.critic.pool}.get(role or "", self.config.actor.pool)
+        pool = {"critic": self.config.critic.pool, "rollout": self.config.rollout.pool}.get(role or "",
+                                                                                        self.config.actor.pool)
         return lane_of(None if role is None else pool)
 
     @contextmanager
@@ -313,14 +329,60 @@ class Lab:
         return encode_prompts(self.tokenizer, texts, rollout.max_prompt_tokens, truths, rollout.pad_prompts,
                               self.task.prompt_format)
 
+    def rollout(self) -> Batch:
+        """This step's responses: generated now from the next prompts, or, when generation runs ahead of training
+        (``rollout.max_staleness`` > 0), those generated for this step earlier, while the steps before trained."""
+        if self.config.rollout.max_staleness:
+            return self._ahead.take(self)
+        return self.generate(self.next_prompts())
+
     def generate(self, prompts: Batch, greedy: bool = False, n: int | None = None) -> Batch:
-        """Responses from the actor (``samples_per_prompt`` per prompt unless ``n``)."""
-        seed = self.current_step.seed(Stage.GENERATE)
+        """Responses from the actor (``samples_per_prompt`` per prompt unless ``n``), or from the rollout group when
+        it has a pool of its own; each row's ``policy_version`` says which policy generated it."""
+        return self._generate(prompts, self.current_step, greedy, n)
+
+    def _generate(self, prompts: Batch, step: StepContext, greedy: bool = False, n: int | None = None,
+                  ahead: bool = False) -> Batch:
+        """``generate`` for ``step`` (``ahead``: a later step's, which leaving ``overlapped()`` does not wait for)."""
+        seed = step.seed(Stage.GENERATE)
+        group, role, version, synced = self.actor, "actor", self.policy_version, None
+        if "rollout" in self.groups:
+            synced = self._sync_rollout()
+            group, role = self.groups["rollout"], "rollout"
 
         def responses(_: DataBatch) -> DataBatch:
-            return self.actor.generate_sequences(resolve(prompts), greedy=greedy, n=n, seed=seed)
+            if synced is not None:  # the weight load these responses follow
+                stats = synced.result() if isinstance(synced, Future) else synced
+                step.record({"rollout/sync_s": stats["seconds"], "rollout/sync_bytes": stats["copied_bytes"]})
+            batch = group.generate_sequences(resolve(prompts), greedy=greedy, n=n, seed=seed)
+            if "policy_version" not in batch:  # the actor's own ranks: generated by the current policy
+                batch["policy_version"] = np.full(len(batch), version, dtype=np.int64)
+            return batch
 
-        return self._runner.batch_stage(Stage.GENERATE, self.current_step, self._lane("actor"), None, responses)
+        after = synced if isinstance(synced, Future) else None
+        return self._runner.batch_stage(Stage.GENERATE, step, self._lane(role), None, responses, detached=ahead,
+                                        after=after)
+
+    def _sync_rollout(self) -> Future[dict[str, Any]] | dict[str, Any] | None:
+        """Load the actor's weights into the rollout group if it holds an older policy version: gathered on the
+        actor's lane (after the updates called before), loaded on the rollout group's (after the generations
+        called before), timed and fingerprinted (``sync_weights``; ``rollout/sync_s`` in the steps whose responses
+        follow it). Returns the last load's numbers (a ``Future`` of them when overlapped)."""
+        if self._rollout_version == self.policy_version:
+            return self._rollout_sync
+        step, version = self.current_step, self.policy_version
+        weights = self._runner.call_stage(Stage.GATHER_WEIGHTS, step, self._lane("actor"), None, None,
+                                          lambda rows, summary: self.actor.policy_weights()[0])
+
+        def load(rows: DataBatch, summary: StageSummary) -> dict[str, Any]:
+            sent = weights.result() if isinstance(weights, Future) else weights
+            return self.groups["rollout"].load_policy(sent, version)[0]
+
+        self._rollout_sync = self._runner.call_stage(Stage.SYNC_WEIGHTS, step, self._lane("rollout"), None, None,
+                                                     load, detached=True,
+                                                     after=weights if isinstance(weights, Future) else None)
+        self._rollout_version = version
+        return self._rollout_sync
 
     def reward(self, batch: Batch) -> Batch:
         """Sequence ``scores`` (the task's rule or the reward model) and ``token_level_scores`` (the score on the last
@@ -443,25 +505,32 @@ class Lab:
     def update_actor(self, batch: Batch) -> Metrics | Future[Metrics]:
         """Policy updates with ``algorithm.policy_loss`` (needs ``advantages``), plus ``algorithm.kl_loss_coef``
         times the KL to the reference when set (GRPO's way; needs ``ref_log_probs``); returns the actor metrics
-        (recorded in the step; a ``Future`` of them inside ``overlapped()``)."""
+        (recorded in the step; a ``Future`` of them inside ``overlapped()``), with the batch's ``rollout/staleness``
+        (policy versions behind this update: min, mean, max). A rollout group of its own gets the new weights."""
         algorithm = self.config.algorithm
-        step, seed = self.current_step, self.current_step.seed(Stage.UPDATE_ACTOR)
-        keys = [k for k in ("old_log_probs", "ref_log_probs", "rollout_log_probs") if k in batch]
+        step, seed, version = self.current_step, self.current_step.seed(Stage.UPDATE_ACTOR), self.policy_version
+        keys = [k for k in ("old_log_probs", "ref_log_probs", "rollout_log_probs", "policy_version") if k in batch]
 
         def update(rows: DataBatch, summary: StageSummary) -> Metrics:
+            if "policy_version" in rows:
+                step.record(staleness(version - rows.pop("policy_version")["policy_version"]))
             result = self.actor.update_actor(rows, policy_loss=get_policy_loss(algorithm.policy_loss),
                                              kl_coef=algorithm.kl_loss_coef, seed=seed)
             metrics = summary.attach_metrics(result.meta["metrics"])
             step.record(metrics)
             return metrics
 
-        return self._runner.call_stage(Stage.UPDATE_ACTOR, step, self._lane("actor"), batch,
-                                       (*TRAINING_COLUMNS, "advantages", *keys), update)
+        metrics = self._runner.call_stage(Stage.UPDATE_ACTOR, step, self._lane("actor"), batch,
+                                          (*TRAINING_COLUMNS, "advantages", *keys), update)
+        self.policy_version += 1
+        if "rollout" in self.groups:
+            self._sync_rollout()
+        return metrics
 
     # ---------------------------------------------------------------- iterations
     def step(self) -> Metrics:
         """One iteration of the algorithm's dataflow (``needs.algorithm.dataflow``); returns (and logs) its metrics."""
-        self._step = step = StepContext(self.step_index, self.config.seed)
+        self._step = step = self._ahead.context(self.step_index) or StepContext(self.step_index, self.config.seed)
         start = time.perf_counter()
         with self.overlapped(self.config.trainer.overlap):
             pending, metrics = self.needs.algorithm.dataflow(self, step)
@@ -553,8 +622,10 @@ class Lab:
             try:
                 for role, group in self._trained_groups().items():
                     group.save_checkpoint(str(staging / role))
-                state = {"step": self.step_index, "next_uid": self._next_uid,
-                         "source": self.task.source.state_dict(), "kl": self.kl.state_dict(),
+                source, next_uid = self._ahead.position(self.step_index) or (self.task.source.state_dict(),
+                                                                             self._next_uid)
+                state = {"step": self.step_index, "next_uid": next_uid, "policy_version": self.policy_version,
+                         "source": source, "kl": self.kl.state_dict(),
                          "lagrange": self.lagrange.state_dict(), "config": redact(to_dict(self.config))}
                 return checkpointing.commit(self.run_dir, self.step_index, state,
                                             self.config.trainer.keep_checkpoints)
@@ -575,6 +646,9 @@ class Lab:
         for role, group in self._trained_groups().items():
             group.load_checkpoint(str(path / role))
         self.step_index, self._next_uid = state["step"], state["next_uid"]
+        self.policy_version = state.get("policy_version", self.step_index)
+        self._rollout_version = None  # the rollout group gets the loaded weights before it generates again
+        self._ahead.reset()
         self.task.source.load_state_dict(state["source"])
         self.kl.load_state_dict(state["kl"])
         self.lagrange.load_state_dict(state["lagrange"])

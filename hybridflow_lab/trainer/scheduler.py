@@ -42,12 +42,14 @@ class StageScheduler:
         self._pending: list[tuple[str, Future]] = []
         self.runs: list[StageRun] = []
 
-    def submit(self, lane: str, stage: str, job: Callable[[], T]) -> Future[T]:
-        """Run ``job`` on ``lane`` after the stages submitted to it before."""
+    def submit(self, lane: str, stage: str, job: Callable[[], T], detached: bool = False) -> Future[T]:
+        """Run ``job`` on ``lane`` after the stages submitted to it before; ``detached``: ``drain`` does not wait
+        for it (generation running ahead of training: a later step reads it)."""
         if lane not in self._lanes:
             self._lanes[lane] = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}:{lane}")
         future = self._lanes[lane].submit(job)
-        self._pending.append((stage, future))
+        if not detached:
+            self._pending.append((stage, future))
         return future
 
     def record(self, run: StageRun) -> None:

@@ -75,10 +75,12 @@ class StageRunner:
 
     def batch_stage(self, stage: Stage, step: StepContext, lane: str, batch: Batch | None,
                     body: Callable[[DataBatch], DataBatch], reads: Sequence[str] | None = None,
-                    writes: Iterable[str] | None = None, replaces: bool = False) -> Batch:
+                    writes: Iterable[str] | None = None, replaces: bool = False, detached: bool = False,
+                    after: Future[Any] | None = None) -> Batch:
         """Run ``body`` on ``batch``'s columns ``reads`` (None: the whole batch) and add the columns it returns
         (``writes``; ``replaces``: it rewrites existing ones); ``batch`` None: ``body`` makes a new batch."""
-        added = self.call_stage(stage, step, lane, batch, reads, lambda rows, summary: summary.attach(body(rows)))
+        added = self.call_stage(stage, step, lane, batch, reads, lambda rows, summary: summary.attach(body(rows)),
+                                detached, after)
         if isinstance(added, Future):
             return PendingBatch(stage.value, step.index, batch, added, writes, replaces)
         if batch is None:
@@ -88,17 +90,21 @@ class StageRunner:
         return output
 
     def call_stage(self, stage: Stage, step: StepContext, lane: str, batch: Batch | None,
-                   reads: Sequence[str] | None, job: Callable[[DataBatch, StageSummary], T]) -> T | Future[T]:
+                   reads: Sequence[str] | None, job: Callable[[DataBatch, StageSummary], T],
+                   detached: bool = False, after: Future[Any] | None = None) -> T | Future[T]:
         """``job(rows, summary)`` on ``batch``'s columns ``reads``, timed as ``stage``: now, or inside
-        ``overlapped()`` on ``lane`` once those columns exist (a ``Future`` of its result)."""
+        ``overlapped()`` on ``lane`` once those columns exist and ``after`` has finished (a ``Future`` of its
+        result; ``detached``: leaving ``overlapped()`` does not wait for it)."""
         span_lane = lane if self.overlapping else ""
 
         def run() -> T:
             rows = _inputs(batch, reads, stage)  # waiting for them is not the stage's time
+            if after is not None:
+                _wait(after, stage)
             with self.timed(stage, step, span_lane) as summary:
                 return job(rows, summary)
 
-        return self._scheduler.submit(lane, stage.value, run) if self.overlapping else run()
+        return self._scheduler.submit(lane, stage.value, run, detached) if self.overlapping else run()
 
     @contextmanager
     def overlapped(self, enabled: bool = True) -> Iterator[None]:
@@ -128,6 +134,14 @@ class StageRunner:
 
     def close(self) -> None:
         self._scheduler.close()
+
+
+def _wait(future: Future[Any], stage: Stage) -> None:
+    try:
+        future.result()
+    except BaseException as error:
+        raise StageNotRun(f"the {stage.value!r} stage did not run: what it follows failed ({type(error).__name__}: "
+                          f"{error})") from error
 
 
 def _inputs(batch: Batch | None, reads: Sequence[str] | None, stage: Stage) -> DataBatch:

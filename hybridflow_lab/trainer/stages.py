@@ -15,5 +15,7 @@ class Stage(StrEnum):
     ADV = "adv"
     UPDATE_CRITIC = "update_critic"
     UPDATE_ACTOR = "update_actor"
+    GATHER_WEIGHTS = "gather_weights"  # the actor's full weights, for a rollout group of its own
+    SYNC_WEIGHTS = "sync_weights"  # loaded into the rollout group
     EVALUATE = "evaluate"
     SAVE = "save"

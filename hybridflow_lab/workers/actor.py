@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from hybridflow_lab.algorithms.kl import kl_estimate
 from hybridflow_lab.algorithms.losses import ppo_policy_loss
 from hybridflow_lab.algorithms.registry import POLICY_LOSS_KEYWORDS, PolicyLoss
-from hybridflow_lab.algorithms.rollout_correction import rollout_correction
+from hybridflow_lab.algorithms.rollout_correction import is_level, rollout_correction
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.controller.mesh import Mesh
@@ -27,12 +26,13 @@ from hybridflow_lab.hybrid.engine import HybridEngine, actor_layout, actor_meshe
 from hybridflow_lab.hybrid.reshard import process_groups
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.models.decoder import shard_model
-from hybridflow_lab.models.lora import adapters_disabled
+from hybridflow_lab.models.lora import adapters_disabled, merged_weights
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
 from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.seeds import derive_seed
 from hybridflow_lab.workers.batching import TokenLoss, micro_batches, train_minibatches
+from hybridflow_lab.workers.generation import responses_batch
 from hybridflow_lab.workers.trained_role import TrainedRole
 
 if TYPE_CHECKING:
@@ -139,11 +139,7 @@ class ActorWorker(TrainedRole):
         params = sampling_params(self.config, greedy=greedy, n=n or self.config.batch.samples_per_prompt,
                                  seed=None if seed is None else derive_seed(seed, "replica", replica))
         with self.hybrid.generating(), self.span("generate", prompts=len(prompts)) as attrs:
-            out = self.rollout.generate(prompts["input_ids"], prompts["attention_mask"], params)
-            attrs["tokens"] = int(out["response_mask"].sum())
-        texts = self.tokenizer.batch_decode(out["responses"] * out["response_mask"], skip_special_tokens=True)
-        repeated = {k: np.repeat(v, params.n, axis=0) for k, v in prompts.non_tensors.items()}
-        return DataBatch(out, {**repeated, "response_text": texts}, prompts.meta)
+            return responses_batch(self.rollout, self.tokenizer, prompts, params, attrs)
 
     def _log_probs(self, model: torch.nn.Module, batch: DataBatch, with_entropy: bool) -> DataBatch:
         size = self.config.batch.micro_batch_sequences_per_rank
@@ -192,7 +188,8 @@ class ActorWorker(TrainedRole):
         so one defined in a notebook works in the workers); ``kl_coef`` > 0 adds the KL to the
         reference as a loss term (``algorithm.kl_loss_kind``; needs ``ref_log_probs``). With
         ``rollout_log_probs`` the gap between them and the trainer's log-probs is reported every step
-        (``rollout_mismatch``) and, if configured, corrected (``algorithm.rollout_is`` / ``rollout_mask``).
+        (``rollout_mismatch``) and, if configured, corrected (``algorithm.rollout_is`` / ``rollout_mask``; TIS by
+        default when the batch comes from an older policy version, ``rollout.max_staleness`` > 0).
         One optimizer step per ``update_minibatch_sequences`` (over all ranks), ``update_epochs``
         passes, rows shuffled with ``seed``. Returns no rows and the metrics in ``meta["metrics"]``.
         """
@@ -202,6 +199,7 @@ class ActorWorker(TrainedRole):
             raise KeyError(f"update_actor needs columns {missing}; compute them first (compute_log_prob, "
                            "compute_ref_log_prob, advantages)")
         algorithm, temperature = self.config.algorithm, self.config.rollout.temperature
+        tis = is_level(algorithm.rollout_is, self.config.rollout.max_staleness > 0, algorithm.rollout_mask)
         options = {key: getattr(algorithm, key) for key in POLICY_LOSS_KEYWORDS}
         options["dual_clip"] = options["dual_clip"] or None
 
@@ -213,7 +211,7 @@ class ActorWorker(TrainedRole):
             out = TokenLoss(token_loss, means={"entropy": entropy.detach(), **diagnostics})
             if "rollout_log_probs" in micro:
                 weights, correction = rollout_correction(
-                    old_log_probs, micro["rollout_log_probs"], mask, algorithm.rollout_is, algorithm.rollout_is_cap,
+                    old_log_probs, micro["rollout_log_probs"], mask, tis, algorithm.rollout_is_cap,
                     algorithm.rollout_mask, algorithm.rollout_mask_low, algorithm.rollout_mask_high)
                 out.loss = out.loss * weights
                 out.means.update({f"rollout_{k}": v for k, v in correction.items()})
@@ -232,6 +230,16 @@ class ActorWorker(TrainedRole):
         steps = train_minibatches(self.engine, batch, self.config, self.data_parallel_size, seed, loss)
         self.hybrid.weights_changed()
         return DataBatch(meta={"metrics": {f"actor/{k}": v for k, v in steps.items() if k != "loss"}})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def policy_weights(self) -> dict[str, torch.Tensor] | None:
+        """The policy's full weights (HF names, on the CPU; LoRA adapters merged) from rank 0, for a rollout group
+        of its own; ``None`` from the other ranks. Collective: sharded engines gather them a module at a time."""
+        weights = self.engine.full_weights()
+        if self.hybrid.adapted:
+            weights = merged_weights(weights, self.engine.model)
+        gathered = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights if self.rank == 0}
+        return gathered if self.rank == 0 else None
 
     def weights_loaded(self) -> None:
         self.hybrid.weights_changed()
