@@ -320,6 +320,23 @@ OVERRIDE_CASES = [
          ("algorithm.max_sampling_rounds",), "use e.g. 4"),
     Case("dynamic_sampling_without_groups", [*DYNAMIC, "algorithm.name=remax"], ConfigError,
          ("algorithm.dynamic_sampling", "remax"), "set algorithm.dynamic_sampling=false"),
+    # a rollout group of its own, generation ahead of training
+    Case("rollout_pool_of_a_trained_role", ["rollout.pool=main"], ConfigError,
+         ("rollout.pool", "'main' holds the actor"), "leave rollout.pool empty"),
+    Case("rollout_group_tensor_parallel", ["rollout.pool=rollout", "rollout.tensor_parallel=2"], ConfigError,
+         ("rollout.tensor_parallel", "data parallel"), "set rollout.tensor_parallel=1"),
+    Case("negative_staleness", ["rollout.max_staleness=-1"], ConfigError, ("rollout.max_staleness", ">= 0"),
+         "use 0 (on-policy)"),
+    Case("staleness_on_the_actors_ranks", ["rollout.max_staleness=1"], ConfigError,
+         ("rollout.max_staleness", "waits for each update"), "rollout.pool=rollout"),
+    Case("staleness_for_an_on_policy_algorithm", ["algorithm.name=remax", "rollout.pool=rollout",
+                                                  "rollout.max_staleness=1"], ConfigError,
+         ("rollout.max_staleness", "remax dataflow cannot take batches from an older policy"), "grpo"),
+    Case("staleness_without_overlap", ["rollout.pool=rollout", "rollout.max_staleness=1", "trainer.overlap=false"],
+         ConfigError, ("trainer.overlap",), "set backend=ray and trainer.overlap=true"),
+    Case("staleness_on_the_local_backend", ["backend=local", "actor.ranks=1", "rollout.pool=rollout",
+                                            "rollout.max_staleness=1"],
+         ConfigError, ("backend",), "or rollout.max_staleness=0"),
 ]
 
 

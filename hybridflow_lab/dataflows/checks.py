@@ -14,8 +14,8 @@ from hybridflow_lab.dataflows.algorithm import ALGORITHMS, RunNeeds
 def check_config(config: LabConfig) -> RunNeeds:
     """Raise ``ConfigError`` for a setting that cannot work, before any worker starts; returns what the run needs."""
     needs = check_algorithm(config)
-    validate(config, roles=needs.trained_roles)
     check_rollout_group(config, needs)
+    validate(config, roles=needs.trained_roles)
     return needs
 
 
@@ -31,7 +31,7 @@ def check_rollout_group(config: LabConfig, needs: RunNeeds) -> None:
         if rollout.tensor_parallel > 1:
             raise ConfigError("rollout.tensor_parallel", "a rollout group of its own runs data parallel, each rank "
                               "with the whole policy; set rollout.tensor_parallel=1, or leave rollout.pool empty")
-    if rollout.max_staleness == 0:
+    if rollout.max_staleness <= 0:  # on-policy (a negative value fails validate's bound)
         return
     if not needs.algorithm.asynchronous_rollout:
         able = sorted(n for n, a in ALGORITHMS.items() if a.asynchronous_rollout)

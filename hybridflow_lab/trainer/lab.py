@@ -137,7 +137,7 @@ class Lab:
             self.groups["rollout"] = WorkerGroup(Role(RolloutWorker, config), pools[config.rollout.pool],
                                                  name=f"{self.name}.rollout", **options)
         self._rollout_version, self._rollout_sync = None, None  # the policy version the rollout group holds
-        self._ahead.reset()
+        self._ahead = RolloutsAhead(config.rollout.max_staleness)
         if self.needs.reward_model:
             self.groups["reward_model"] = WorkerGroup(
                 Role(RewardModelWorker, config.reward_model_path, config.batch.micro_batch_sequences_per_rank),
@@ -229,6 +229,7 @@ class Lab:
         config = resolve_config(self.config, overrides)
         needs = check_config(config)
         checked = build_task(config)  # the task's checks (dataset rows, prompt lengths) under the new settings
+        self._ahead.rewind(self)  # responses generated ahead are dropped, and their prompts drawn again
         if config.task != self.config.task:
             self.task = checked
         else:  # the same task goes on: its prompt stream, and a reward function the notebook may have replaced
@@ -258,13 +259,13 @@ class Lab:
 
     def shutdown(self) -> None:
         """Stop the worker groups and close the logs (the Lab can be started again)."""
+        self._runner.close()  # stages still running (generation ahead, a weight load) finish first
         for group in self.groups.values():
             group.shutdown()
         self.groups = {}
         for pool in self._pools:
             pool.release()
         self._pools = []
-        self._runner.close()
         for closable in (self.log, self._spans):
             if closable is not None:
                 closable.close()
@@ -612,8 +613,9 @@ class Lab:
 
     # --------------------------------------------------------------- checkpoints
     def _trained_groups(self) -> dict[str, WorkerGroup]:
-        """The groups whose weights change and are checkpointed (the reward model is frozen)."""
-        return {role: group for role, group in self.groups.items() if role != "reward_model"}
+        """The groups whose weights train and are checkpointed (not the frozen reward model, nor a rollout group,
+        which copies the actor's)."""
+        return {role: group for role, group in self.groups.items() if role in self.trained_roles}
 
     def save(self) -> Path:
         """Checkpoint every role and the controller state for ``step_index`` (atomically)."""

@@ -39,6 +39,15 @@ class RolloutsAhead:
         self.contexts.clear()
         self.positions.clear()
 
+    def rewind(self, lab: Lab) -> None:
+        """``reset``, with the prompts of the dropped responses put back: ``lab``'s prompt stream returns to before
+        the first step not trained on (the Lab restarts its groups, e.g. to change ``max_staleness``)."""
+        position = self.positions.get(lab.step_index)
+        if position is not None:
+            lab.task.source.load_state_dict(position[0])
+            lab._next_uid = position[1]
+        self.reset()
+
     def take(self, lab: Lab) -> Batch:
         """The responses for ``lab``'s step, after starting generation for the steps up to ``depth`` ahead."""
         if self.next_step is None:
