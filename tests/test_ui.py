@@ -134,6 +134,18 @@ def test_the_timeline_marks_transfers_with_their_bytes_and_keeps_the_newest_run(
     assert [s.t_start for s in figures.recent_steps(spans + rerun, 2)] == [101, 102]
 
 
+def test_the_timeline_of_a_step_keeps_it_whole_when_the_next_steps_responses_are_generated_during_it():
+    spans = [span("generate", Phase.STAGE, 0.0, 0.5, 1),  # step 1's responses, generated while step 0 trains
+             span("update_actor", Phase.STAGE, 0.2, 0.8, 0),
+             span("sync_weights", Phase.STAGE, 0.85, 1.03, 0),  # step 0's update reaching the rollout group ...
+             span("ref", Phase.STAGE, 1.0, 1.1, 1),
+             span("load_policy", Phase.EXECUTE, 1.01, 1.03, 0, "l.rollout", 0),  # ... while step 1 starts
+             span("generate", Phase.STAGE, 1.05, 1.5, 2),  # step 2's responses, generated while step 1 trains
+             span("update_actor", Phase.STAGE, 1.2, 1.9, 1)]
+    assert [s.t_start for s in figures.recent_steps(spans, 1)] == [1.0, 1.01, 1.05, 1.2]
+    assert [s.t_start for s in figures.recent_steps(spans, 2)] == [0.0, 0.2, 0.85, 1.0, 1.01, 1.05, 1.2]
+
+
 def test_following_run_files_skips_torn_lines_and_restarts_when_a_run_rewrites_them(tmp_path):
     log = MetricsLog(tmp_path)
     tail = JsonlTail(log.path)

@@ -38,14 +38,20 @@ def recent_steps(spans: Iterable[Span], steps: int) -> list[Span]:
     """The timeline's spans from the start of the last ``steps`` steps to the end, in time order.
 
     Walking back in time (rather than filtering by step number) keeps an earlier run in the same
-    run directory, whose step numbers repeat, out of the window.
+    run directory, whose step numbers repeat, out of the window. Steps overlap when generation runs
+    ahead (``rollout.max_staleness``): the window's edges are stages (the workers' spans of a weight
+    load left running by the step before do not end it), and a later step's stage met on the way (its
+    responses, generated ahead) neither counts nor ends it.
     """
     chosen = sorted((s for s in spans if s.phase in TIMELINE_PHASES), key=lambda s: s.t_start)
+    edges = {Phase.STAGE} if any(s.phase is Phase.STAGE for s in chosen) else TIMELINE_PHASES
     seen: set[int] = set()
     first = len(chosen)
     for index in range(len(chosen) - 1, -1, -1):
         step = chosen[index].step
-        if step is not None and step not in seen:
+        if step is None or chosen[index].phase not in edges or (seen and step > max(seen)):
+            continue  # drawn when it lies between the edges
+        if step not in seen:
             if len(seen) == steps:
                 break
             seen.add(step)

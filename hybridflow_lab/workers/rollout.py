@@ -68,12 +68,14 @@ class RolloutWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def load_policy(self, weights: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
         """Load the actor's full weights as policy ``version`` and check every tensor arrived (fingerprints of what
-        was sent against the engine's own); returns the transfer's ``tensors``, ``copied_bytes`` and ``seconds``."""
+        was sent against the engine's own, unless ``rollout.verify_weight_sync`` is off); returns the transfer's
+        ``tensors``, ``copied_bytes`` and ``seconds``."""
         start = time.perf_counter()
         with self.span("load_policy", version=version) as attrs:
             if isinstance(self.engine, TorchRollout):
                 stats = state_dict_sink(self.model)(weights.items())
-                check_fingerprints(fingerprints(weights), fingerprints(self.model.state_dict()), READ_BACK_RTOL)
+                if self.config.rollout.verify_weight_sync:
+                    check_fingerprints(fingerprints(weights), fingerprints(self.model.state_dict()), READ_BACK_RTOL)
             else:
                 stats = self.engine.update_weights(weights.items())  # it checks the fingerprints itself
             stats = {**stats, "seconds": round(time.perf_counter() - start, 6)}
