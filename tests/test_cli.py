@@ -131,6 +131,21 @@ def test_bench_placement_calibrates_then_compares_predicted_and_measured_steps()
     assert len(calibration["measured_rounds_s"]) == report["rounds"] == 1
     # the profile comes from d1's own steps, so the simulator must give back d1's step
     assert abs(calibration["error"]) < 0.1
+    split, = report["ppo_layouts"]  # PPO with the critic on a pool of its own, sequential and overlapped
+    assert split["layout"] == "split" and split["placement"] == "main: 1, critic: 1"
+    assert split["speedup"] == pytest.approx(split["sequential_s"] / split["overlapped_s"], abs=2e-3)
+    assert split["predicted_s"] < split["predicted_sequential_s"]  # overlapped sets take the slower one's time
+    assert report["overlap_goal_met"] == (split["speedup"] >= report["overlap_goal"])
+
+
+def test_bench_async_compares_generation_ahead_with_the_synchronous_loop_and_draws_staleness_curves():
+    report = json.loads(run_cli("bench", "async", "--quick"))
+    assert report["sync_tok_s"] > 0 and report["async_tok_s"] > 0
+    assert report["ratio"] == pytest.approx(report["async_tok_s"] / report["sync_tok_s"], abs=2e-3)
+    assert report["staleness"] == {"sync": [0.0], "async": [1.0]}  # the measured step trained one version behind
+    runs = report["curves"]["runs"]
+    assert set(runs) == {"0", "1"} and [runs[k]["staleness_mean"] for k in ("0", "1")] == [0.0, 0.5]
+    assert all(list(run["accuracy"]) == ["0", "1", "2"] for run in runs.values())  # before RL, after each step
 
 
 def test_bench_soak_reports_memory_and_telemetry_after_checkpointed_steps():

@@ -107,6 +107,8 @@ def ppo_layouts(profile: HardwareProfile, layouts: tuple[tuple[str, str], ...], 
                      "error": round(predicted["overlapped"].total_s / measured["overlapped"]["step"] - 1, 3),
                      "measured_rounds_s": [round(stage_seconds(r.history)["step"], 3)
                                            for r in runs[layout, True]],
+                     "sequential_rounds_s": [round(stage_seconds(r.history)["step"], 3)
+                                             for r in runs[layout, False]],
                      "predicted_stage_s": {k: round(v, 3) for k, v in predicted["overlapped"].stage_s.items()},
                      "measured_stage_s": {k: round(v, 3) for k, v in measured["overlapped"].items() if k != "step"}})
     ranked = [{"setting": r["layout"], "measured_s": r["overlapped_s"], "predicted_s": r["predicted_s"],
