@@ -27,6 +27,7 @@ class StageSummary:
     tokens: int = 0
     samples: list[dict[str, Any]] = field(default_factory=list)
     concurrent: list[str] = field(default_factory=list)  # stages that ran at the same time (an overlapped step)
+    columns: dict[str, dict[str, Any]] = field(default_factory=dict)  # what it produced: name -> shape, dtype, bytes
 
     @property
     def bytes_moved(self) -> int:
@@ -45,6 +46,7 @@ class StageSummary:
     def attach(self, batch: DataBatch, samples: int = 3) -> DataBatch:
         """Describe ``batch`` as this stage's output and make it display this summary."""
         self.rows = len(batch)
+        self.columns = column_sizes(batch)
         mask = batch.get("attention_mask")
         self.tokens = int(mask.sum()) if mask is not None else 0
         if "response_text" in batch:
@@ -78,6 +80,15 @@ class StageSummary:
                        f"<td>{r.get('score', '')}</td></tr>" for r in self.samples)
         table = f"<table><tr><th>prompt</th><th>response</th><th>score</th></tr>{rows}</table>" if rows else ""
         return f"<div class='hybridflow-stage'><b>{html.escape(self.headline())}</b>{table}</div>"
+
+
+def column_sizes(batch: DataBatch) -> dict[str, dict[str, Any]]:
+    """Each column of ``batch``: its ``shape``, ``dtype`` and ``bytes`` (what the dataflow graph labels edges with)."""
+    sizes = {name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+                    "bytes": t.element_size() * t.numel()} for name, t in batch.tensors.items()}
+    sizes.update({name: {"shape": list(a.shape), "dtype": str(a.dtype), "bytes": int(a.nbytes)}
+                  for name, a in batch.non_tensors.items()})
+    return sizes
 
 
 class StageMetrics(dict):

@@ -24,6 +24,8 @@ class TelemetryStore:
         self._listeners: list[Listener] = []
         self._pollers: list[Callable[[], None]] = []
         self._local = threading.local()
+        self._running: dict[int, Span] = {}  # stages started and not yet ended, by a key of their own
+        self._running_listeners: list[Callable[[], None]] = []
 
     @property
     def step(self) -> int | None:
@@ -82,14 +84,39 @@ class TelemetryStore:
 
     @contextmanager
     def stage(self, name: str, **attrs: Any) -> Iterator[dict[str, Any]]:
-        """Record a controller-side STAGE span around the body; the yielded dict adds attrs."""
+        """Record a controller-side STAGE span around the body; the yielded dict adds attrs. While the body runs
+        the stage is in ``running()``."""
         extra: dict[str, Any] = dict(attrs)
         start = time.time()
+        key = id(extra)
+        self._set_running(key, Span(name, Phase.STAGE, start, start, step=self.step, attrs=dict(attrs)))
         try:
             yield extra
         finally:
             moved = int(extra.pop("bytes_moved", 0))
+            self._set_running(key, None)
             self.record([Span(name, Phase.STAGE, start, time.time(), bytes_moved=moved, attrs=extra)])
+
+    def running(self) -> list[Span]:
+        """The stages running now, as spans that end where they started."""
+        with self._lock:
+            return sorted(self._running.values(), key=lambda s: s.t_start)
+
+    def subscribe_running(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener()`` whenever a stage starts or ends; returns an unsubscribe function."""
+        with self._lock:
+            self._running_listeners.append(listener)
+        return lambda: self._remove(self._running_listeners, listener)
+
+    def _set_running(self, key: int, span: Span | None) -> None:
+        with self._lock:
+            if span is None:
+                self._running.pop(key, None)
+            else:
+                self._running[key] = span
+            listeners = list(self._running_listeners)
+        for listener in listeners:
+            listener()
 
     def to_pandas(self) -> Any:
         """All spans as a DataFrame (one row per span)."""

@@ -37,7 +37,15 @@ from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.redact import redact
 from hybridflow_lab.tasks.base import Example
 from hybridflow_lab.tasks.prompts import encode_prompts, rendered_prompts
-from hybridflow_lab.telemetry import JsonlSink, StageSummary, TelemetryStore, sample_rows
+from hybridflow_lab.telemetry import (
+    DataflowGraph,
+    JsonlSink,
+    Phase,
+    StageSummary,
+    TelemetryStore,
+    dataflow_graph,
+    sample_rows,
+)
 from hybridflow_lab.trainer import checkpointing
 from hybridflow_lab.trainer.metrics import accuracy, data_metrics, throughput
 from hybridflow_lab.trainer.relayout import Reconfigured, carried_states
@@ -56,6 +64,8 @@ if TYPE_CHECKING:
 
 _running_labs: dict[str, weakref.ref[Lab]] = {}  # by name: what a re-run notebook cell replaces
 TRAINING_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+PROMPT_COLUMNS = ("input_ids", "attention_mask")  # what generation reads of the prompts (the graph's edge)
+WEIGHTS = "policy weights"  # what gather_weights hands to sync_weights (the graph's edge)
 
 
 def staleness(behind: np.ndarray) -> Metrics:
@@ -314,6 +324,21 @@ class Lab:
         that ran alongside it."""
         return list(self._runner.summaries)
 
+    @property
+    def models(self) -> list[str]:
+        """The models this run's stages run on, as the dataflow graph names its rows."""
+        needs = self.needs
+        return ["rollout", "actor", *(["reference"] if needs.reference else []), *(["critic"] if needs.critic else []),
+                "reward model" if needs.reward_model else "reward function", "controller"]
+
+    def graph(self, step: int | None = None) -> DataflowGraph:
+        """The dataflow graph of ``step`` (default: the step running now, else the last one): the stages called on
+        their models, live (running, done with seconds and bytes moved, not reached yet), and the columns
+        between them with their sizes. Drawn from the stages' telemetry, so a notebook's own dataflow is drawn
+        too; displays as an SVG (``hybridflow_lab.ui.graph_view(lab)`` is the live widget)."""
+        return dataflow_graph(self.telemetry.spans(phase=Phase.STAGE), self.telemetry.running(), self.models, step,
+                              self.step_index)
+
     def next_prompts(self, n: int | None = None) -> DataBatch:
         """The next ``rollout_batch_prompts`` prompts, left-padded, with ground truths and group ids (``uid``)."""
         with self._stage(Stage.NEXT_PROMPTS) as summary:
@@ -361,8 +386,8 @@ class Lab:
             return batch
 
         after = synced if isinstance(synced, Future) else None
-        return self._runner.batch_stage(Stage.GENERATE, step, self._lane(role), None, responses, detached=ahead,
-                                        after=after)
+        return self._runner.batch_stage(Stage.GENERATE, step, self._lane(role), None, responses, PROMPT_COLUMNS,
+                                        detached=ahead, after=after)
 
     def _sync_rollout(self) -> Future[dict[str, Any]] | dict[str, Any] | None:
         """Load the actor's weights into the rollout group if it holds an older policy version: gathered on the
@@ -372,15 +397,20 @@ class Lab:
         if self._rollout_version == self.policy_version:
             return self._rollout_sync
         step, version = self.current_step, self.policy_version
-        weights = self._runner.call_stage(Stage.GATHER_WEIGHTS, step, self._lane("actor"), None, None,
-                                          lambda rows, summary: self.actor.policy_weights()[0])
+        def gather(rows: DataBatch, summary: StageSummary) -> dict[str, torch.Tensor]:
+            gathered = self.actor.policy_weights()[0]
+            summary.columns = {WEIGHTS: {"shape": [len(gathered)], "dtype": "state_dict",
+                                         "bytes": sum(t.element_size() * t.numel() for t in gathered.values())}}
+            return gathered
+
+        weights = self._runner.call_stage(Stage.GATHER_WEIGHTS, step, self._lane("actor"), None, (), gather)
 
         def load(rows: DataBatch, summary: StageSummary) -> dict[str, Any]:
             sent = weights.result() if isinstance(weights, Future) else weights
             return self.groups["rollout"].load_policy(sent, version)[0]
 
-        self._rollout_sync = self._runner.call_stage(Stage.SYNC_WEIGHTS, step, self._lane("rollout"), None, None,
-                                                     load, detached=True,
+        self._rollout_sync = self._runner.call_stage(Stage.SYNC_WEIGHTS, step, self._lane("rollout"), None,
+                                                     (WEIGHTS,), load, detached=True,
                                                      after=weights if isinstance(weights, Future) else None)
         self._rollout_version = version
         return self._rollout_sync
@@ -461,9 +491,11 @@ class Lab:
             self.kl.update(kl, len(rows))
             return DataBatch(columns)
 
-        writes = ("token_rewards", *(("token_costs",) if "costs" in batch else ()))
+        costs = ("costs",) if "costs" in batch else ()
+        reads = ("response_mask", "token_level_scores", "old_log_probs", "ref_log_probs", *costs)
+        writes = ("token_rewards", *(("token_costs",) if costs else ()))
         return self._runner.batch_stage(Stage.KL_PENALTY, self.current_step, self._lane(None), batch, penalised,
-                                        writes=writes)
+                                        reads, writes)
 
     def advantages(self, batch: Batch, estimator: str | None = None, scores: str = "scores") -> Batch:
         """``advantages`` and ``returns`` with the algorithm's estimator (or ``estimator``), and the ``token_rewards``
@@ -487,7 +519,9 @@ class Lab:
             )
             return DataBatch({"advantages": advantages, "returns": returns, penalised: token_rewards})
 
-        return self._runner.batch_stage(Stage.ADV, self.current_step, self._lane(None), batch, advantages,
+        optional = [key for key in (penalised, "values", "baseline_scores") if key in batch]
+        reads = ("response_mask", "uid", *(() if penalised in optional else (scores,)), *optional)
+        return self._runner.batch_stage(Stage.ADV, self.current_step, self._lane(None), batch, advantages, reads,
                                         writes=("advantages", "returns", penalised))
 
     def update_critic(self, batch: Batch) -> Metrics | Future[Metrics]:

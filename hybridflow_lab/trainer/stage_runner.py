@@ -20,9 +20,9 @@ from hybridflow_lab.controller import WorkerCallError
 from hybridflow_lab.dataflows import StepContext
 from hybridflow_lab.dataflows.pending import Batch, PendingBatch, StageNotRun, resolve
 from hybridflow_lab.protocol import DataBatch
-from hybridflow_lab.telemetry import StageSummary, TelemetryStore
+from hybridflow_lab.telemetry import WHOLE_BATCH, StageSummary, TelemetryStore
 from hybridflow_lab.trainer.scheduler import CONTROLLER_LANE, StageRun, StageScheduler, concurrent_stages
-from hybridflow_lab.trainer.stages import Stage
+from hybridflow_lab.trainer.stages import Stage, model_of
 
 T = TypeVar("T")
 
@@ -44,9 +44,12 @@ class StageRunner:
         return getattr(self._local, "step", None)
 
     @contextmanager
-    def timed(self, stage: Stage, step: StepContext, lane: str = "") -> Iterator[StageSummary]:
-        """Time a stage into ``step`` (``timing_s/<stage>``, a STAGE span on ``lane``) and collect the spans of its
-        worker calls into a ``StageSummary``."""
+    def timed(self, stage: Stage, step: StepContext, lane: str = "", pool: str = CONTROLLER_LANE,
+              reads: Sequence[str] = ()) -> Iterator[StageSummary]:
+        """Time a stage into ``step`` (``timing_s/<stage>``, a STAGE span on ``lane`` when overlapped) and collect the
+        spans of its worker calls into a ``StageSummary``. The span says what the dataflow graph draws: the stage's
+        ``pool`` (its lane), its ``model``, the columns it ``reads`` (``WHOLE_BATCH``: all of them) and those it wrote,
+        with their sizes."""
         summary = StageSummary(stage.value, step.index)
         self.telemetry.step = step.index  # this thread's: stamps this stage's spans and its worker calls' spans
         thread, calls = threading.get_ident(), set()
@@ -59,9 +62,11 @@ class StageRunner:
         unsubscribe = self.telemetry.subscribe(collect)
         outer, self._local.step = self.current_step(), step
         start, started = time.perf_counter(), time.time()
+        graph = {"pool": pool, "model": model_of(stage, pool), "reads": list(reads)}
         try:
-            with self.telemetry.stage(stage.value, lane=lane) if lane else self.telemetry.stage(stage.value):
+            with self.telemetry.stage(stage.value, **graph, **({"lane": lane} if lane else {})) as attrs:
                 yield summary
+                attrs.update(writes=summary.columns, moved=summary.bytes_moved)
         except WorkerCallError as error:
             self._on_worker_error(error, stage.value)
             raise
@@ -96,12 +101,13 @@ class StageRunner:
         ``overlapped()`` on ``lane`` once those columns exist and ``after`` has finished (a ``Future`` of its
         result; ``detached``: leaving ``overlapped()`` does not wait for it)."""
         span_lane = lane if self.overlapping else ""
+        shown = list(reads) if reads is not None else [WHOLE_BATCH] if batch is not None else []
 
         def run() -> T:
             rows = _inputs(batch, reads, stage)  # waiting for them is not the stage's time
             if after is not None:
                 _wait(after, stage)
-            with self.timed(stage, step, span_lane) as summary:
+            with self.timed(stage, step, span_lane, lane, shown) as summary:
                 return job(rows, summary)
 
         return self._scheduler.submit(lane, stage.value, run, detached) if self.overlapping else run()

@@ -1,4 +1,4 @@
-"""``dashboard(lab)``: a live notebook view of a Lab (timeline, stage times, curves, samples).
+"""``dashboard(lab)``: a live notebook view of a Lab (dataflow graph, timeline, stage times, curves, samples).
 
 Spans arrive through a telemetry subscription (a list append on the training thread); a
 background thread redraws at most once per ``interval_s``, so the hot path never builds figures.
@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from hybridflow_lab.telemetry import Span
+from hybridflow_lab.telemetry import DataflowGraph, Phase, Span, dataflow_graph
+from hybridflow_lab.telemetry.dataflow_graph import node_html, to_svg
 from hybridflow_lab.ui import figures
 
 if TYPE_CHECKING:
@@ -46,22 +47,30 @@ class Dashboard:
         self.refreshes = 0
         self.refresh_seconds = 0.0  # time spent redrawing, off the training thread
         self.status = widgets.HTML()
+        self.graph = widgets.HTML()
+        self.graph_stage = widgets.Dropdown(description="stage", options=[])
+        self.graph_detail = widgets.HTML()
+        self.graph_stage.observe(lambda _: self._show_graph(), names="value")
         self.timeline = go.FigureWidget()
         self.stage_times = go.FigureWidget()
         self.curves = go.FigureWidget()
         self.sample_step = widgets.Dropdown(description="samples of step", style={"description_width": "initial"})
         self.samples = widgets.HTML()
         self.sample_step.observe(lambda _: self._show_samples(), names="value")
-        self.widget = widgets.VBox([self.status, self.timeline, self.stage_times, self.curves,
+        self.widget = widgets.VBox([self.status, widgets.HTML("<b>dataflow</b>"), self.graph, self.graph_stage,
+                                    self.graph_detail, self.timeline, self.stage_times, self.curves,
                                     self.sample_step, self.samples])
         self._spans: deque[Span] = deque(lab.telemetry.spans(), maxlen=max_spans)
         self._span_count = len(self._spans)  # spans ever received (the deque forgets the oldest)
-        self._drawn_spans = self._drawn_steps = -1
+        self._drawn_spans = self._drawn_steps = self._drawn_spans_graph = -1
+        self._graph = self._lab_graph()
         self._lock = threading.Lock()
         self._dirty = threading.Event()
         self._closed = False
         self._last_refresh = 0.0
+        self._running_changes = self._drawn_running = 0
         self._unsubscribe = [lab.telemetry.subscribe(self._on_spans),
+                             lab.telemetry.subscribe_running(self._on_running),
                              lab.subscribe_steps(lambda _: self._dirty.set())]  # a step's metrics come after its spans
         self.refresh()
         self._thread = threading.Thread(target=self._redraw_loop, name="hybridflow-dashboard", daemon=True)
@@ -70,6 +79,10 @@ class Dashboard:
     def _on_spans(self, spans: list[Span]) -> None:
         self._spans.extend(spans)
         self._span_count += len(spans)
+        self._dirty.set()
+
+    def _on_running(self) -> None:
+        self._running_changes += 1
         self._dirty.set()
 
     def _redraw_loop(self) -> None:
@@ -90,6 +103,11 @@ class Dashboard:
                 replace_figure(self.timeline, figures.timeline(figures.recent_steps(list(self._spans),
                                                                                     self.steps_shown)))
                 self._drawn_spans = span_count
+            running = self._running_changes
+            if (span_count, running) != (self._drawn_spans_graph, self._drawn_running):
+                self._graph = self._lab_graph()
+                self._show_graph()
+                self._drawn_spans_graph, self._drawn_running = span_count, running
             if len(history) != self._drawn_steps:
                 replace_figure(self.stage_times, figures.stage_times(history))
                 replace_figure(self.curves, figures.curves(history))
@@ -100,6 +118,28 @@ class Dashboard:
             self.refreshes += 1
             self._last_refresh = time.monotonic()
             self.refresh_seconds += self._last_refresh - start
+
+    def _lab_graph(self) -> DataflowGraph:
+        """``lab.graph()`` from the spans this dashboard holds (the training thread owns the store's polling)."""
+        return dataflow_graph([s for s in self._spans if s.phase is Phase.STAGE], self.lab.telemetry.running(),
+                              self.lab.models, current=self.lab.step_index)
+
+    def _show_graph(self) -> None:
+        """Draw the graph with the chosen stage outlined and its details below (the running one when none is)."""
+        graph, keys = self._graph, [node.key for node in self._graph.nodes]
+        if list(self.graph_stage.options) != keys:
+            chosen = self.graph_stage.value
+            self.graph_stage.options = keys
+            self.graph_stage.value = chosen if chosen in keys else None
+        chosen = self.graph_stage.value
+        self.graph.value = to_svg(graph, chosen or "")
+        if chosen is None:
+            self.graph_detail.value = ""
+            return
+        node = graph.node(chosen)
+        headline = next((s.headline() for s in self.lab.stage_summaries if s.stage == node.stage and
+                         s.step == graph.step), "")
+        self.graph_detail.value = node_html(node, headline)
 
     def _update_sample_steps(self) -> None:
         """Offer every step with samples; keep the user's choice unless it was the newest step."""

@@ -12,15 +12,19 @@ from pathlib import Path
 import panel as pn
 
 from hybridflow_lab.exposure import LOOPBACK, checked_bind_address
+from hybridflow_lab.telemetry import Phase, dataflow_graph
+from hybridflow_lab.telemetry.dataflow_graph import to_svg
 from hybridflow_lab.ui import figures
 from hybridflow_lab.ui.run_files import RunFiles
 
 
 def dashboard_app(run_dir: str | os.PathLike[str], period_ms: int = 1000, steps_shown: int = 3) -> pn.Column:
-    """A panel layout of the run's timeline, stage times, curves and latest samples, polling every ``period_ms``."""
+    """A panel layout of the run's dataflow graph, timeline, stage times, curves and latest samples, polling every
+    ``period_ms``."""
     pn.extension("plotly", inline=True)
     run = RunFiles(run_dir)
     status = pn.pane.Markdown(sizing_mode="stretch_width")
+    graph = pn.pane.HTML(sizing_mode="stretch_width")
     timeline = pn.pane.Plotly(sizing_mode="stretch_width")
     stage_times = pn.pane.Plotly(sizing_mode="stretch_width")
     curves = pn.pane.Plotly(sizing_mode="stretch_width")
@@ -29,6 +33,7 @@ def dashboard_app(run_dir: str | os.PathLike[str], period_ms: int = 1000, steps_
     def update() -> None:
         if not run.poll() and timeline.object is not None:
             return
+        graph.object = to_svg(dataflow_graph(s for s in run.spans if s.phase is Phase.STAGE))
         timeline.object = figures.timeline(figures.recent_steps(run.spans, steps_shown))
         stage_times.object = figures.stage_times(run.metrics)
         curves.object = figures.curves(run.metrics)
@@ -40,7 +45,8 @@ def dashboard_app(run_dir: str | os.PathLike[str], period_ms: int = 1000, steps_
     update()
     if pn.state.curdoc is not None:  # a served session: keep following the files
         pn.state.add_periodic_callback(update, period=period_ms)
-    return pn.Column(pn.pane.Markdown("## HybridFlow Lab run dashboard"), status, timeline, stage_times, curves,
+    return pn.Column(pn.pane.Markdown("## HybridFlow Lab run dashboard"), status,
+                     pn.pane.Markdown("### dataflow of the last step"), graph, timeline, stage_times, curves,
                      pn.pane.Markdown("### latest samples"), samples, sizing_mode="stretch_width")
 
 
