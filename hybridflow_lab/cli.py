@@ -92,12 +92,24 @@ def _import_model(args: argparse.Namespace) -> None:
     print(json.dumps(import_gguf(args.file, args.out, getattr(torch, args.dtype)).as_dict()))
 
 
+def _trace(args: argparse.Namespace) -> None:
+    from hybridflow_lab.telemetry import read_jsonl
+    from hybridflow_lab.telemetry.chrome_trace import chrome_trace
+
+    spans_file = Path(args.run_dir) / "spans.jsonl"
+    if not spans_file.exists():
+        raise SystemExit(f"hybridflow-lab trace: error: no {spans_file}; pass the trainer.run_dir of a run")
+    trace = chrome_trace(read_jsonl(spans_file))
+    Path(args.out).write_text(json.dumps(trace, default=str))
+    print(f"{len(trace['traceEvents'])} events in {args.out}: open it in https://ui.perfetto.dev or chrome://tracing")
+
+
 def _dashboard(args: argparse.Namespace) -> None:
     from hybridflow_lab.exposure import ExposureRefused
     from hybridflow_lab.ui.served import serve
 
     try:
-        serve(args.run_dir, port=args.port, address=args.address, period_ms=args.period_ms, expose=args.expose)
+        serve(args.run_dirs, port=args.port, address=args.address, period_ms=args.period_ms, expose=args.expose)
     except ExposureRefused as error:
         raise SystemExit(f"hybridflow-lab dashboard: error: {error}") from None
 
@@ -257,14 +269,21 @@ def build_parser() -> argparse.ArgumentParser:
     imported.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     imported.set_defaults(run=_import_model)
 
-    board = commands.add_parser("dashboard", help="serve a run's live dashboard (panel) from its run directory")
-    board.add_argument("--run", dest="run_dir", required=True, help="the run directory (trainer.run_dir)")
+    board = commands.add_parser("dashboard", help="serve a run's live dashboard (panel) from its run directory, "
+                                "or compare runs (--run twice or more)")
+    board.add_argument("--run", dest="run_dirs", required=True, action="append",
+                       help="the run directory (trainer.run_dir); repeat it to compare runs")
     board.add_argument("--port", type=int, default=5006)
     board.add_argument("--address", default="127.0.0.1", help="the interface to listen on (default: loopback only)")
     board.add_argument("--expose", action="store_true",
                        help="allow a non-loopback --address (there is no login: whoever reaches it sees the run)")
     board.add_argument("--period-ms", type=int, default=1000, help="how often to read new telemetry")
     board.set_defaults(run=_dashboard)
+
+    trace = commands.add_parser("trace", help="a run's spans as a Chrome trace, for Perfetto or chrome://tracing")
+    trace.add_argument("--run", dest="run_dir", required=True, help="the run directory (trainer.run_dir)")
+    trace.add_argument("-o", "--out", default="trace.json", help="the trace file to write (default trace.json)")
+    trace.set_defaults(run=_trace)
 
     plan = commands.add_parser("plan", help="rank placements and parallel sizes with the simulator (auto-mapping)")
     plan.add_argument("--config", help="a preset or YAML: its models and batch are the workload")

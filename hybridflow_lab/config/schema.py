@@ -208,6 +208,8 @@ class TrainerConfig:
     logged_samples: int = 8  # rows of each step's batch kept for the sample browser, samples.jsonl and wandb
     progress: bool = True
     overlap: bool = True  # lab.step() runs stages on different resource pools at the same time (lab.overlapped)
+    capture: str = ""  # stages whose output batch each step keeps on disk ("reward,ref" or "all"; lab.replay)
+    capture_steps: int = 4  # the newest steps whose captures are kept (0: every step's)
     wandb: bool = False
     wandb_project: str = "hybridflow-lab"
 

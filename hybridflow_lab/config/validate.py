@@ -104,6 +104,7 @@ BOUNDS = (
     *(Bound(f"trainer.{key}", ">= 0", _at_least(0), "use 0 to turn it off") for key in ("save_every", "eval_every")),
     Bound("trainer.steps", ">= 0", _at_least(0), "use e.g. 20"),
     Bound("trainer.logged_samples", ">= 0", _at_least(0), "use e.g. 8"),
+    Bound("trainer.capture_steps", ">= 0", _at_least(0), "use 0 to keep every step's captures"),
     Bound("trainer.on_nonfinite", "'stop' or 'skip'", lambda v: v in ("stop", "skip"), "a NaN/inf loss or "
           "gradient norm either stops the run or drops that optimizer step; nothing is applied either way"),
     Bound("task.reward_on_error", "'fail' or 'zero'", lambda v: v in ("fail", "zero"), "a row the reward "

@@ -193,10 +193,12 @@ class TrainEngine(ABC):
             self.module.train(was_training)
 
     def train_step(self, micro_batches: Sequence[DataBatch], loss_fn: LossFn, count_fn: CountFn,
-                   skip_nonfinite: bool = False) -> dict[str, float]:
+                   skip_nonfinite: bool = False, apply: bool = True) -> dict[str, float]:
         """One optimizer step; returns the global mean loss and metrics (``Peak`` metrics as their maximum), the
         gradient norm, the lr and ``nonfinite_skipped`` (1 when the step was dropped for NaN/inf; see the module
-        docstring)."""
+        docstring). ``apply=False`` computes the same numbers, the gradient norm before clipping included, and
+        leaves the weights and the schedule as they were (an engine that takes the norm inside its step, DeepSpeed,
+        cannot)."""
         if not micro_batches:
             raise ValueError("train_step needs at least one micro-batch")
         self._check_micro_batches(len(micro_batches))
@@ -223,6 +225,12 @@ class TrainEngine(ABC):
         result = {k: float(v) / total for k, v in self._reduce(sums, dist.ReduceOp.SUM).items()}
         result.update({k: float(v) for k, v in self._reduce(peaks, dist.ReduceOp.MAX).items()})
         norm = self._clip_gradients()
+        if not apply:
+            if norm is None:
+                raise NotImplementedError(f"the {self.name} engine takes the gradient norm inside its optimizer "
+                                          "step, so it cannot compute a step without applying it")
+            self._discard_gradients()
+            return {**result, "grad_norm": norm, "lr": lr, "nonfinite_skipped": 0.0}
         bad = {k: v for k, v in {**result, "grad_norm": norm}.items() if v is not None and not math.isfinite(v)}
         if bad:
             self._discard_gradients()

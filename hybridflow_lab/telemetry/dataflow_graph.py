@@ -65,7 +65,8 @@ class GraphEdge:
 @dataclass
 class DataflowGraph:
     """The stages of step ``step`` in the order they started, the columns between them, and the model rows drawn
-    (those declared by the run and those its stages ran on). Displays as an SVG."""
+    (those declared by the run and those its stages ran on). Displays as an SVG. ``step`` is the spans' 0-based
+    index; it is shown as ``lab.history`` numbers steps (``step + 1``)."""
 
     step: int | None
     nodes: list[GraphNode]
@@ -77,7 +78,7 @@ class DataflowGraph:
         for node in self.nodes:
             if node.key == key:
                 return node
-        raise KeyError(f"no stage {key!r} in the graph of step {self.step}; it has {[n.key for n in self.nodes]}")
+        raise KeyError(f"no stage {key!r} in the graph of step {self.step + 1}; it has {[n.key for n in self.nodes]}")
 
     def running(self) -> list[str]:
         return [node.key for node in self.nodes if node.status == "running"]
@@ -85,7 +86,7 @@ class DataflowGraph:
     def __str__(self) -> str:
         if not self.nodes:
             return self.empty_reason
-        lines = [f"dataflow of step {self.step}:"]
+        lines = [f"dataflow of step {self.step + 1}:"]
         lines += [f"  {n.key} [{n.model}] {n.label()}" for n in self.nodes]
         lines += [f"  {e.source} -> {e.target}: {e.label(len(e.columns))}" for e in self.edges]
         return "\n".join(lines)
@@ -190,7 +191,7 @@ def to_svg(graph: DataflowGraph, selected: str = "") -> str:
              "font-family='sans-serif' font-size='11'>",
              "<defs><marker id='hf-arrow' viewBox='0 0 10 10' refX='10' refY='5' markerWidth='7' markerHeight='7' "
              "orient='auto-start-reverse'><path d='M 0 0 L 10 5 L 0 10 z' fill='#555'/></marker></defs>",
-             f"<text x='4' y='16' font-weight='bold'>step {graph.step}</text>"]
+             f"<text x='4' y='16' font-weight='bold'>step {graph.step + 1}</text>"]
     for model, index in row_of.items():
         y = 30 + index * ROW_H
         parts.append(f"<line x1='0' y1='{y + BOX_H + 14}' x2='{width}' y2='{y + BOX_H + 14}' stroke='#e4e4e4'/>"

@@ -9,6 +9,7 @@ builds a Lab with the same name replaces its worker groups.
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 import warnings
@@ -47,8 +48,10 @@ from hybridflow_lab.telemetry import (
     sample_rows,
 )
 from hybridflow_lab.trainer import checkpointing
+from hybridflow_lab.trainer.capture import capture_step, captured_stages, read_capture
 from hybridflow_lab.trainer.metrics import accuracy, data_metrics, throughput
 from hybridflow_lab.trainer.relayout import Reconfigured, carried_states
+from hybridflow_lab.trainer.replay import Replayed, ReplayError, policy_copy, replay_batch
 from hybridflow_lab.trainer.rollouts_ahead import RolloutsAhead
 from hybridflow_lab.trainer.run_log import MetricsLog
 from hybridflow_lab.trainer.stage_runner import StageRunner, lane_of
@@ -95,6 +98,7 @@ class Lab:
         if placement is not None:  # the placed config is what runs, and what gets checked
             self.config = place(self.config, placement)
         self.needs: RunNeeds = check_config(self.config)  # what this run builds and which stages run
+        self._captured = captured_stages(self.config)
         self.name = name or Path(self.config.trainer.run_dir).name
         self.run_dir = Path(self.config.trainer.run_dir)
         self.tokenizer = load_tokenizer(self.config.actor.model_path)
@@ -147,6 +151,7 @@ class Lab:
             self.groups["rollout"] = WorkerGroup(Role(RolloutWorker, config), pools[config.rollout.pool],
                                                  name=f"{self.name}.rollout", **options)
         self._rollout_version, self._rollout_sync = None, None  # the policy version the rollout group holds
+        self._policy_cache: tuple[int | None, torch.nn.Module | None] = (None, None)  # replays' copy of the policy
         self._ahead = RolloutsAhead(config.rollout.max_staleness)
         if self.needs.reward_model:
             self.groups["reward_model"] = WorkerGroup(
@@ -238,6 +243,7 @@ class Lab:
         start = time.perf_counter()
         config = resolve_config(self.config, overrides)
         needs = check_config(config)
+        captured = captured_stages(config)
         checked = build_task(config)  # the task's checks (dataset rows, prompt lengths) under the new settings
         self._ahead.rewind(self)  # responses generated ahead are dropped, and their prompts drawn again
         if config.task != self.config.task:
@@ -246,6 +252,7 @@ class Lab:
             self.task.shaping = checked.shaping
         if config.actor.model_path != self.config.actor.model_path:
             self.tokenizer = load_tokenizer(config.actor.model_path)
+        self._captured = captured
         if not self.groups:
             self.config, self.needs = config, needs
             return Reconfigured(tuple(overrides), config, self.step_index)
@@ -574,9 +581,12 @@ class Lab:
         metrics = {**metrics, **data_metrics(batch, self.config.rollout.max_new_tokens),
                    **throughput(batch, seconds), "timing_s/step": seconds,
                    "train/accuracy": accuracy(batch["scores"])}
+        trainer = self.config.trainer
+        if self._captured:
+            capture_step(self.run_dir, self.step_index + 1, batch, self.graph(self.step_index), self._captured,
+                         trainer.capture_steps)
         self.step_index += 1
         self.last_batch = batch
-        trainer = self.config.trainer
         if trainer.eval_every and self.step_index % trainer.eval_every == 0:
             metrics.update(self.evaluate())
         self.history.append({"step": self.step_index, **metrics})
@@ -645,6 +655,49 @@ class Lab:
             row["prompt"] = prompt
         return pd.DataFrame(table)
 
+    # ------------------------------------------------------------------- replays
+    def replay(self, step: int, stage: str, *overrides: str, name: str | None = None) -> Replayed:
+        """The batch captured after ``stage`` at ``step`` (``trainer.capture``; steps numbered as in ``history``)
+        through the dataflow of this run's config with ``overrides`` (``"algorithm.name=rloo"``,
+        ``"algorithm.policy_loss=gspo"``...): the stages after ``stage`` run again, and the actor's update is probed
+        on a copy of the current policy (loss, clip fraction, gradient norm and the loss per token), so nothing
+        of the run changes. ``hybridflow_lab.ui.compare(...)`` sets replays side by side."""
+        batch, record = read_capture(self.run_dir, step, stage)
+        config = resolve_config(self.config, overrides)
+        needs = check_config(config)
+        if needs.reference_model and not self.needs.reference_model:
+            raise ReplayError("this replay needs the reference policy's log-probs (a KL term) and this Lab's actor "
+                              "holds no reference policy; build the Lab with a KL term (algorithm.kl_loss_coef > 0)")
+        policy = self._policy_copy()
+        with self._replaying(config, needs):
+            return replay_batch(self, batch, record, config, policy, name or " ".join(overrides) or
+                                config.algorithm.name, tuple(overrides))
+
+    def _policy_copy(self) -> torch.nn.Module:
+        """The current policy on the controller (float32, CPU), gathered once per policy version."""
+        version, model = self._policy_cache
+        if version != self.policy_version or model is None:
+            model = policy_copy(self.config.actor.model_path, self.actor.policy_weights()[0])
+            self._policy_cache = (self.policy_version, model)
+        return model
+
+    @contextmanager
+    def _replaying(self, config: LabConfig, needs: RunNeeds) -> Iterator[None]:
+        """Inside, the stage methods run ``config``'s algorithm into a step of their own, with copies of the KL and
+        Lagrange controllers and telemetry kept apart from the run's; everything is restored after."""
+        if self._runner.overlapping:
+            raise RuntimeError("a replay runs stage by stage; call it outside lab.overlapped() and lab.step()")
+        saved = (self.config, self.needs, self._step, self.kl, self.lagrange, self._runner)
+        self.config, self.needs, self.kl, self.lagrange = config, needs, copy.deepcopy(self.kl), \
+            copy.deepcopy(self.lagrange)
+        self._step = StepContext(self.step_index, config.seed)
+        self._runner = StageRunner(f"{self.name} replay", TelemetryStore(), self._add_recovery_note)
+        try:
+            yield
+        finally:
+            self._runner.close()
+            self.config, self.needs, self._step, self.kl, self.lagrange, self._runner = saved
+
     # --------------------------------------------------------------- checkpoints
     def _trained_groups(self) -> dict[str, WorkerGroup]:
         """The groups whose weights train and are checkpointed (not the frozen reward model, nor a rollout group,
@@ -684,6 +737,7 @@ class Lab:
         self.step_index, self._next_uid = state["step"], state["next_uid"]
         self.policy_version = state.get("policy_version", self.step_index)
         self._rollout_version = None  # the rollout group gets the loaded weights before it generates again
+        self._policy_cache = (None, None)
         self._ahead.reset()
         self.task.source.load_state_dict(state["source"])
         self.kl.load_state_dict(state["kl"])

@@ -9,16 +9,21 @@ from typing import Any
 
 from hybridflow_lab.redact import redact
 
+CONFIG_FILE = "config.json"
+
 
 class MetricsLog:
     """Appends ``{"step": k, ...}`` lines to ``<run>/metrics.jsonl`` and sample rows to ``<run>/samples.jsonl``;
-    mirrors both to wandb (metrics, and a ``samples`` table) if asked."""
+    mirrors both to wandb (metrics, and a ``samples`` table) if asked. The run's config (secrets redacted) goes to
+    ``<run>/config.json``, which run comparisons read."""
 
     def __init__(self, run_dir: str | os.PathLike[str], wandb_project: str | None = None,
                  config: dict[str, Any] | None = None) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.samples_path = Path(run_dir) / "samples.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if config is not None:
+            (Path(run_dir) / CONFIG_FILE).write_text(json.dumps(redact(config), indent=1, default=str))
         self.wandb_run = start_wandb(wandb_project, Path(run_dir), config) if wandb_project else None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

@@ -7,20 +7,27 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from hybridflow_lab.telemetry import Phase, Span, format_bytes
 
 CONTROLLER_ROW = "controller"
 TIMELINE_PHASES = (Phase.STAGE, Phase.EXECUTE, Phase.TRANSFER)
-CURVES = (  # (title, metric keys drawn in that panel)
-    ("score", ("critic/score/mean",)),
-    ("accuracy", ("train/accuracy", "eval/accuracy")),
-    ("KL to reference", ("actor/kl",)),
-    ("entropy", ("actor/entropy",)),
-    ("response length", ("response_length/mean",)),
-    ("tokens/s", ("perf/throughput",)),
+CURVES = (  # (title, metric keys drawn in that panel, why a run has none of them)
+    ("score", ("critic/score/mean",), "no step has run yet"),
+    ("accuracy", ("train/accuracy", "eval/accuracy"), "no step has run yet"),
+    ("KL to reference", ("actor/kl",), "no KL to the reference in this run (set algorithm.kl_loss_coef or "
+                                       "kl_reward_coef)"),
+    ("entropy", ("actor/entropy",), "no actor update yet"),
+    ("response length", ("response_length/mean",), "no step has run yet"),
+    ("tokens/s", ("perf/throughput",), "no step has run yet"),
+    ("clip fraction", ("actor/pg_clipfrac",), "no actor update yet"),
+    ("gradient norm", ("actor/grad_norm",), "no actor update yet"),
+    ("value loss", ("critic/vf_loss",), "no critic in this algorithm"),
 )
+EVAL_PREFIX = "eval/"
+MOVING_AVERAGE = 10  # steps in the curves' moving average
 SAMPLE_COLUMNS = ("step", "prompt", "response", "ground_truth", "score", "advantage")
 
 
@@ -106,18 +113,50 @@ def stage_times(history: Sequence[Mapping[str, Any]], title: str = "stage second
 
 
 def curves(history: Sequence[Mapping[str, Any]], title: str = "training curves") -> go.Figure:
-    """Score, accuracy, KL, entropy, response length and throughput per step (panels without data stay empty)."""
-    figure = make_subplots(rows=2, cols=3, subplot_titles=[name for name, _ in CURVES])
-    for index, (_, keys) in enumerate(CURVES):
-        for key in keys:
-            points = [(m.get("step", i + 1), m[key]) for i, m in enumerate(history) if key in m]
-            if points:
+    """Score, accuracy, KL, entropy, response length, throughput, clip fraction, gradient norm and value loss per
+    step; see ``run_curves``."""
+    return run_curves({"": history}, title)
+
+
+def run_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], title: str = "training curves") -> go.Figure:
+    """The curves of one or more runs (``label -> history``) on the same panels: each metric's raw values (faint)
+    and their moving average over ``MOVING_AVERAGE`` steps, evaluations as markers only. A panel no run has
+    data for says why."""
+    rows = -(-len(CURVES) // 3)
+    figure = make_subplots(rows=rows, cols=3, subplot_titles=[name for name, _, _ in CURVES])
+    colours = qualitative.Plotly
+    for index, (_, keys, why_empty) in enumerate(CURVES):
+        where = {"row": index // 3 + 1, "col": index % 3 + 1}
+        drawn = False
+        for number, (label, history) in enumerate(runs.items()):
+            for key_number, key in enumerate(keys):
+                points = [(m.get("step", i + 1), m[key]) for i, m in enumerate(history) if key in m]
+                if not points:
+                    continue
+                drawn = True
                 xs, ys = zip(*points, strict=True)
-                figure.add_trace(go.Scatter(x=xs, y=ys, name=key, mode="lines+markers"),
-                                 row=index // 3 + 1, col=index % 3 + 1)
-    figure.update_layout(title=title, height=520, margin={"l": 10, "r": 10, "t": 60, "b": 40},
+                name = f"{label}: {key}" if label else key
+                colour = colours[(number * len(keys) + key_number) % len(colours)]
+                if key.startswith(EVAL_PREFIX):
+                    figure.add_trace(go.Scatter(x=xs, y=ys, name=name, mode="markers", marker={"symbol": "diamond",
+                                                "size": 9, "color": colour}), **where)
+                    continue
+                figure.add_trace(go.Scatter(x=xs, y=ys, name=name, mode="lines+markers", opacity=0.35,
+                                            line={"color": colour}, marker={"size": 4}), **where)
+                figure.add_trace(go.Scatter(x=xs, y=moving_average(ys, MOVING_AVERAGE), mode="lines",
+                                            name=f"{name} (mean of {MOVING_AVERAGE})", line={"color": colour}), **where)
+        if not drawn:
+            figure.add_annotation(text=why_empty, showarrow=False, font={"size": 10, "color": "#888"},
+                                  xref=f"x{index + 1} domain" if index else "x domain",
+                                  yref=f"y{index + 1} domain" if index else "y domain", x=0.5, y=0.5)
+    figure.update_layout(title=title, height=260 * rows, margin={"l": 10, "r": 10, "t": 60, "b": 40},
                          legend={"font": {"size": 10}})
     return figure
+
+
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """Each value's mean with up to ``window - 1`` values before it."""
+    return [sum(values[max(0, i - window + 1): i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
 
 
 def samples_html(rows: Sequence[Mapping[str, Any]], limit: int = 16) -> str:

@@ -1,4 +1,5 @@
-"""The run dashboard served by panel from a run directory's JSONL files (``hybridflow-lab dashboard``).
+"""The run dashboard served by panel from a run directory's JSONL files (``hybridflow-lab dashboard``), or the
+comparison of several runs (``--run A --run B``).
 
 It follows the files while a CLI run writes them, so any run (notebook, script, CLI) can be watched
 from a browser. In a notebook, ``dashboard_app(run_dir)`` displays inline (no CDN needed).
@@ -7,6 +8,7 @@ from a browser. In a notebook, ``dashboard_app(run_dir)`` displays inline (no CD
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import panel as pn
@@ -15,6 +17,7 @@ from hybridflow_lab.exposure import LOOPBACK, checked_bind_address
 from hybridflow_lab.telemetry import Phase, dataflow_graph
 from hybridflow_lab.telemetry.dataflow_graph import to_svg
 from hybridflow_lab.ui import figures
+from hybridflow_lab.ui.run_compare import compare_runs
 from hybridflow_lab.ui.run_files import RunFiles
 
 
@@ -50,19 +53,42 @@ def dashboard_app(run_dir: str | os.PathLike[str], period_ms: int = 1000, steps_
                      pn.pane.Markdown("### latest samples"), samples, sizing_mode="stretch_width")
 
 
-def serve(run_dir: str | os.PathLike[str], port: int = 5006, address: str = LOOPBACK,
+def compare_app(run_dirs: Sequence[str | os.PathLike[str]], period_ms: int = 1000) -> pn.Column:
+    """A panel layout comparing runs (``compare_runs``): their config differences, curves and stage seconds."""
+    pn.extension("plotly", inline=True)
+    comparison = compare_runs(run_dirs)
+    curves = pn.pane.Plotly(comparison.curves, sizing_mode="stretch_width")
+    stage_times = pn.pane.Plotly(comparison.stage_times, sizing_mode="stretch_width")
+
+    def update() -> None:
+        if comparison.refresh():
+            curves.object, stage_times.object = comparison.curves, comparison.stage_times
+
+    if pn.state.curdoc is not None:
+        pn.state.add_periodic_callback(update, period=period_ms)
+    runs = ", ".join(f"`{label}`" for label in comparison.runs)
+    return pn.Column(pn.pane.Markdown(f"## HybridFlow Lab runs compared: {runs}"),
+                     pn.pane.Markdown("### config differences"),
+                     pn.pane.DataFrame(comparison.differences, sizing_mode="stretch_width"), curves, stage_times,
+                     sizing_mode="stretch_width")
+
+
+def serve(run_dirs: Sequence[str | os.PathLike[str]], port: int = 5006, address: str = LOOPBACK,
           period_ms: int = 1000, expose: bool = False) -> None:
-    """Serve the dashboard of ``run_dir`` on ``address:port`` until interrupted.
+    """Serve the dashboard of the run directory in ``run_dirs`` (with several: their comparison) on
+    ``address:port`` until interrupted.
 
     A non-loopback ``address`` needs ``expose=True`` (``--expose``) and logs a warning: the page has no login.
     """
-    if not Path(run_dir).is_dir():
-        raise FileNotFoundError(f"no run directory {run_dir}; pass the trainer.run_dir of a run")
+    for run_dir in run_dirs:
+        if not Path(run_dir).is_dir():
+            raise FileNotFoundError(f"no run directory {run_dir}; pass the trainer.run_dir of a run")
     address = checked_bind_address(address, expose, "the run dashboard", "--expose (expose=True in Python)")
     origins = [f"{address}:{port}", f"localhost:{port}"]
-    print(f"[dashboard] http://{address}:{port}/ following {run_dir}", flush=True)
+    print(f"[dashboard] http://{address}:{port}/ following {', '.join(map(str, run_dirs))}", flush=True)
+
     def session() -> pn.Column:  # one layout per browser session (panel needs a plain function here)
-        return dashboard_app(run_dir, period_ms)
+        return dashboard_app(run_dirs[0], period_ms) if len(run_dirs) == 1 else compare_app(run_dirs, period_ms)
 
     pn.serve({"/": session}, address=address, port=port, show=False,
              allow_websocket_origin=origins, title="HybridFlow Lab")

@@ -10,10 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hybridflow_lab.algorithms.kl import kl_estimate
 from hybridflow_lab.algorithms.losses import ppo_policy_loss
-from hybridflow_lab.algorithms.registry import POLICY_LOSS_KEYWORDS, PolicyLoss
-from hybridflow_lab.algorithms.rollout_correction import is_level, rollout_correction
+from hybridflow_lab.algorithms.registry import PolicyLoss
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.controller.mesh import Mesh
@@ -31,7 +29,8 @@ from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
 from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.seeds import derive_seed
-from hybridflow_lab.workers.batching import TokenLoss, micro_batches, train_minibatches
+from hybridflow_lab.workers.actor_loss import actor_token_loss
+from hybridflow_lab.workers.batching import micro_batches, train_minibatches
 from hybridflow_lab.workers.generation import responses_batch
 from hybridflow_lab.workers.trained_role import TrainedRole
 
@@ -198,36 +197,8 @@ class ActorWorker(TrainedRole):
         if missing:
             raise KeyError(f"update_actor needs columns {missing}; compute them first (compute_log_prob, "
                            "compute_ref_log_prob, advantages)")
-        algorithm, temperature = self.config.algorithm, self.config.rollout.temperature
-        tis = is_level(algorithm.rollout_is, self.config.rollout.max_staleness > 0, algorithm.rollout_mask)
-        options = {key: getattr(algorithm, key) for key in POLICY_LOSS_KEYWORDS}
-        options["dual_clip"] = options["dual_clip"] or None
-
-        def loss(module: torch.nn.Module, micro: DataBatch) -> TokenLoss:
-            mask = micro["response_mask"]
-            log_probs, entropy = response_log_probs(module, micro, temperature, with_entropy=True)
-            old_log_probs = micro["old_log_probs"] if "old_log_probs" in micro else log_probs.detach()
-            token_loss, diagnostics = policy_loss(log_probs, old_log_probs, micro["advantages"], mask, **options)
-            out = TokenLoss(token_loss, means={"entropy": entropy.detach(), **diagnostics})
-            if "rollout_log_probs" in micro:
-                weights, correction = rollout_correction(
-                    old_log_probs, micro["rollout_log_probs"], mask, tis, algorithm.rollout_is_cap,
-                    algorithm.rollout_mask, algorithm.rollout_mask_low, algorithm.rollout_mask_high)
-                out.loss = out.loss * weights
-                out.means.update({f"rollout_{k}": v for k, v in correction.items()})
-                out.peaks["rollout_mismatch_max"] = correction["mismatch"]
-            out.terms["pg_loss"] = out.loss
-            if algorithm.entropy_coef:
-                out.loss = out.loss - algorithm.entropy_coef * entropy
-            if "ref_log_probs" in micro:
-                out.means["kl"] = old_log_probs - micro["ref_log_probs"]
-            if kl_coef:
-                kl = kl_estimate(log_probs, micro["ref_log_probs"], algorithm.kl_loss_kind)
-                out.loss = out.loss + kl_coef * kl
-                out.terms["kl_loss"] = kl
-            return out
-
-        steps = train_minibatches(self.engine, batch, self.config, self.data_parallel_size, seed, loss)
+        steps = train_minibatches(self.engine, batch, self.config, self.data_parallel_size, seed,
+                                  actor_token_loss(self.config, policy_loss, kl_coef))
         self.hybrid.weights_changed()
         return DataBatch(meta={"metrics": {f"actor/{k}": v for k, v in steps.items() if k != "loss"}})
 

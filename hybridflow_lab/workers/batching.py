@@ -51,8 +51,9 @@ def combine(steps: list[dict[str, float]], peaks: set[str]) -> dict[str, float]:
 
 
 def train_minibatches(engine: TrainEngine, rows: DataBatch, config: LabConfig, ranks: int, seed: int,
-                      token_loss: Callable[[nn.Module, DataBatch], TokenLoss]) -> dict[str, float]:
-    """One optimizer step per mini-batch of ``rows`` (this rank's share); the steps' combined metrics.
+                      token_loss: Callable[[nn.Module, DataBatch], TokenLoss], apply: bool = True) -> dict[str, float]:
+    """One optimizer step per mini-batch of ``rows`` (this rank's share); the steps' combined metrics (``apply``:
+    ``TrainEngine.train_step``'s).
 
     ``token_loss`` returns a ``TokenLoss``; its loss and terms are aggregated with ``algorithm.loss_agg``
     (and the engine averages by that mode's units, tokens or sequences, over all micro-batches and ranks),
@@ -83,7 +84,7 @@ def train_minibatches(engine: TrainEngine, rows: DataBatch, config: LabConfig, r
     steps = []
     for mini in minibatches(rows, per_rank_minibatch(batch, ranks), batch.update_epochs, seed):
         result = engine.train_step(micro_batches(mini, batch.micro_batch_sequences_per_rank), loss, units,
-                                   skip_nonfinite)
+                                   skip_nonfinite, apply)
         tokens = result.pop(TOKENS)
         steps.append({k: v / tokens if k in mean_keys else v for k, v in result.items()})
     return combine(steps, peak_keys)
