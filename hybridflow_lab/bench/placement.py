@@ -18,7 +18,6 @@ taking the slowest one (``d_cost``'s max) and sequential ones adding up.
 from __future__ import annotations
 
 import itertools
-import statistics
 from dataclasses import asdict
 from typing import Any
 
@@ -26,6 +25,7 @@ from hybridflow_lab.bench.calibration import run_standard
 from hybridflow_lab.controller import init_cluster
 from hybridflow_lab.placement.calibrate import StandardRun, profile_from_run
 from hybridflow_lab.placement.hardware import HardwareProfile
+from hybridflow_lab.placement.measured import stage_seconds
 from hybridflow_lab.placement.predict import predict
 
 # (label, actor ranks, training TP t, generation TP tg); the first is the calibration run
@@ -33,18 +33,6 @@ SETTINGS = (("d1", 1, 1, 1), ("d2", 2, 1, 1), ("d4", 4, 1, 1), ("t2 d2 tg2", 4, 
 TIE = 0.05  # measured steps closer than this fraction are a tie
 PPO_LAYOUTS = (("colocate", "main"), ("split", "critic"))  # (layout, the critic's pool); the actor's is main
 OVERLAP_GOAL = 1.3  # split PPO: sequential step seconds over overlapped ones
-LAB_STAGES = {"generation": ("generate",), "preparation": ("old_log_prob", "ref", "values"),
-              "training": ("update_actor", "update_critic")}
-
-
-def stage_seconds(history: list[dict[str, float]]) -> dict[str, float]:
-    """Median seconds per simulator stage and per step of a Lab's step metrics."""
-    seconds = {stage: statistics.median(sum(m.get(f"timing_s/{s}", 0.0) for s in names) for m in history)
-               for stage, names in LAB_STAGES.items()}
-    seconds["step"] = statistics.median(m["timing_s/step"] for m in history)
-    return seconds
-
-
 def run(steps: int = 3, warmup: int = 2, rounds: int = 2,
         settings: tuple[tuple[str, int, int, int], ...] = SETTINGS,
         layouts: tuple[tuple[str, str], ...] = PPO_LAYOUTS) -> dict[str, Any]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import ray
@@ -26,7 +28,7 @@ def default_cpu_slots() -> int:
 
 
 def init_cluster(address: str | None = None, num_cpus: int | None = None, expose_dashboard: bool = False,
-                 **ray_init: Any) -> dict[str, float]:
+                 log_file: str | os.PathLike[str] | None = None, **ray_init: Any) -> dict[str, float]:
     """Connect this controller to Ray and return the cluster's resources.
 
     With no ``address`` (and no ``HYBRIDFLOW_RAY_ADDRESS``) a local Ray starts with
@@ -34,19 +36,42 @@ def init_cluster(address: str | None = None, num_cpus: int | None = None, expose
     the controller joins that cluster: the multi-node path. A second call is a no-op.
     A local Ray keeps its token authentication on; its dashboard is off unless
     ``include_dashboard=True``, and listens on 127.0.0.1 unless ``expose_dashboard`` allows
-    another ``dashboard_host``.
+    another ``dashboard_host``. With ``log_file``, Ray's own start-up lines (its banner, the token-authentication
+    note) are appended there instead of printed (a notebook cell shows only the run's output).
     """
     if not ray.is_initialized():
-        address = address or os.environ.get(ADDRESS_ENV)
-        options: dict[str, Any] = {"namespace": NAMESPACE, "include_dashboard": False, **ray_init}
-        if address:  # the cluster's own dashboard and authentication settings apply
-            ray.init(address=address, **options)
-        else:
-            warn_if_auth_disabled()
-            options["dashboard_host"] = dashboard_host(options.get("dashboard_host", LOOPBACK), expose_dashboard)
-            # "local": never join a cluster that Ray's address file names (one started earlier, maybe long dead)
-            ray.init(address="local", num_cpus=num_cpus or default_cpu_slots(), **options)
+        with ray_log_to(log_file):
+            _start(address, num_cpus, expose_dashboard, ray_init)
     return ray.cluster_resources()
+
+
+def _start(address: str | None, num_cpus: int | None, expose_dashboard: bool, ray_init: dict[str, Any]) -> None:
+    address = address or os.environ.get(ADDRESS_ENV)
+    options: dict[str, Any] = {"namespace": NAMESPACE, "include_dashboard": False, **ray_init}
+    if address:  # the cluster's own dashboard and authentication settings apply
+        ray.init(address=address, **options)
+    else:
+        warn_if_auth_disabled()
+        options["dashboard_host"] = dashboard_host(options.get("dashboard_host", LOOPBACK), expose_dashboard)
+        # "local": never join a cluster that Ray's address file names (one started earlier, maybe long dead)
+        ray.init(address="local", num_cpus=num_cpus or default_cpu_slots(), **options)
+
+
+@contextmanager
+def ray_log_to(path: str | os.PathLike[str] | None) -> Iterator[None]:
+    """While the body runs, the ``ray`` logger writes to ``path`` (appended) instead of stderr (None: unchanged)."""
+    if path is None:
+        yield
+        return
+    ray_logger = logging.getLogger("ray")
+    saved, handler = list(ray_logger.handlers), logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s -- %(message)s"))
+    ray_logger.handlers = [handler]
+    try:
+        yield
+    finally:
+        ray_logger.handlers = saved
+        handler.close()
 
 
 def dashboard_host(host: str, expose: bool = False) -> str:

@@ -20,6 +20,7 @@ from hybridflow_lab.telemetry.summary import format_bytes
 WHOLE_BATCH = "*"  # a stage's ``reads`` when it takes every column of its batch
 MODEL_ROWS = ("rollout", "actor", "reference", "critic", "reward model", "reward function", "controller")
 NOT_DATAFLOW = ("evaluate", "save")  # stages a run calls besides the algorithm's dataflow
+THEMED_TEXT = "fill: var(--jp-ui-font-color1, #333)"  # text outside the boxes follows JupyterLab's theme
 STATUS_COLOURS = {"done": "#cfe3f7", "running": "#ffb347", "waiting": "#eeeeee"}
 
 
@@ -191,11 +192,11 @@ def to_svg(graph: DataflowGraph, selected: str = "") -> str:
              "font-family='sans-serif' font-size='11'>",
              "<defs><marker id='hf-arrow' viewBox='0 0 10 10' refX='10' refY='5' markerWidth='7' markerHeight='7' "
              "orient='auto-start-reverse'><path d='M 0 0 L 10 5 L 0 10 z' fill='#555'/></marker></defs>",
-             f"<text x='4' y='16' font-weight='bold'>step {graph.step + 1}</text>"]
+             f"<text x='4' y='16' font-weight='bold' style='{THEMED_TEXT}'>step {graph.step + 1}</text>"]
     for model, index in row_of.items():
         y = 30 + index * ROW_H
         parts.append(f"<line x1='0' y1='{y + BOX_H + 14}' x2='{width}' y2='{y + BOX_H + 14}' stroke='#e4e4e4'/>"
-                     f"<text x='4' y='{y + BOX_H / 2 + 4}' fill='#333'>{html.escape(model)}</text>")
+                     f"<text x='4' y='{y + BOX_H / 2 + 4}' style='{THEMED_TEXT}'>{html.escape(model)}</text>")
     for edge in graph.edges:
         (x1, y1), (x2, y2) = where[edge.source], where[edge.target]
         start, end = (x1 + BOX_W, y1 + BOX_H / 2), (x2, y2 + BOX_H / 2)
@@ -204,7 +205,7 @@ def to_svg(graph: DataflowGraph, selected: str = "") -> str:
                      f"{end[0]} {end[1]}' fill='none' stroke='#777' marker-end='url(#hf-arrow)'>"
                      f"<title>{html.escape(edge.label(len(edge.columns)))}</title></path>"
                      f"<text x='{bend}' y='{(start[1] + end[1]) / 2 - 3}' text-anchor='middle' font-size='9' "
-                     f"fill='#555'>{html.escape(edge.label())}</text>")
+                     f"style='{THEMED_TEXT}'>{html.escape(edge.label())}</text>")
     for node in graph.nodes:
         x, y = where[node.key]
         stroke, stroke_width = ("#d62728", 3) if node.key == selected else ("#4a6fa5", 1)
@@ -214,8 +215,9 @@ def to_svg(graph: DataflowGraph, selected: str = "") -> str:
                      f"({html.escape(node.pool)}): wrote {html.escape(columns)}</title>"
                      f"<rect x='{x}' y='{y}' width='{BOX_W}' height='{BOX_H}' rx='6' "
                      f"fill='{STATUS_COLOURS[node.status]}' stroke='{stroke}' stroke-width='{stroke_width}'/>"
-                     f"<text x='{x + BOX_W / 2}' y='{y + 16}' text-anchor='middle' font-weight='bold'>"
-                     f"{html.escape(node.key)}</text><text x='{x + BOX_W / 2}' y='{y + 31}' text-anchor='middle'>"
+                     f"<text x='{x + BOX_W / 2}' y='{y + 16}' text-anchor='middle' font-weight='bold' fill='#222'>"
+                     f"{html.escape(node.key)}</text>"
+                     f"<text x='{x + BOX_W / 2}' y='{y + 31}' text-anchor='middle' fill='#222'>"
                      f"{html.escape(node.label())}</text></g>")
     parts.append("</svg>")
     return "".join(parts)

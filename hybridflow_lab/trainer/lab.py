@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 _running_labs: dict[str, weakref.ref[Lab]] = {}  # by name: what a re-run notebook cell replaces
 TRAINING_COLUMNS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 PROMPT_COLUMNS = ("input_ids", "attention_mask")  # what generation reads of the prompts (the graph's edge)
+RAY_LOG = "ray.log"  # Ray's start-up lines, kept out of notebook cells
 WEIGHTS = "policy weights"  # what gather_weights hands to sync_weights (the graph's edge)
 
 
@@ -129,9 +130,9 @@ class Lab:
         _running_labs[self.name] = weakref.ref(self)
         self.shutdown()
         config = self.config
-        if config.backend == "ray":
-            init_cluster()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if config.backend == "ray":
+            init_cluster(log_file=self.run_dir / RAY_LOG)
         self._spans = JsonlSink(self.run_dir / "spans.jsonl").attach(self.telemetry)
         self.log = MetricsLog(self.run_dir, config.trainer.wandb_project if config.trainer.wandb else None,
                               to_dict(config))

@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from hybridflow_lab.telemetry import DataflowGraph, Phase, Span, dataflow_graph
 from hybridflow_lab.telemetry.dataflow_graph import node_html, to_svg
 from hybridflow_lab.ui import figures
+from hybridflow_lab.ui.theme import themed
 
 if TYPE_CHECKING:
     from hybridflow_lab.trainer.lab import Lab
@@ -57,9 +58,9 @@ class Dashboard:
         self.sample_step = widgets.Dropdown(description="samples of step", style={"description_width": "initial"})
         self.samples = widgets.HTML()
         self.sample_step.observe(lambda _: self._show_samples(), names="value")
-        self.widget = widgets.VBox([self.status, widgets.HTML("<b>dataflow</b>"), self.graph, self.graph_stage,
+        self.widget = themed(widgets.VBox([self.status, widgets.HTML("<b>dataflow</b>"), self.graph, self.graph_stage,
                                     self.graph_detail, self.timeline, self.stage_times, self.curves,
-                                    self.sample_step, self.samples])
+                                    self.sample_step, self.samples]))
         self._spans: deque[Span] = deque(lab.telemetry.spans(), maxlen=max_spans)
         self._span_count = len(self._spans)  # spans ever received (the deque forgets the oldest)
         self._drawn_spans = self._drawn_steps = self._drawn_spans_graph = -1

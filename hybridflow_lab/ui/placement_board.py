@@ -12,9 +12,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
+import plotly.graph_objects as go
 
 from hybridflow_lab.config import TRAIN_BACKENDS, LabConfig
 from hybridflow_lab.placement import Placement, Suggestion
+from hybridflow_lab.placement.hardware import machine_profile
+from hybridflow_lab.placement.measured import stage_seconds
+from hybridflow_lab.placement.predict import predict
+from hybridflow_lab.placement.suggest import overlaps
+from hybridflow_lab.placement.workload import workload_from_config
+from hybridflow_lab.ui.dashboard import replace_figure
+from hybridflow_lab.ui.plan_figure import predicted_beside_measured
+from hybridflow_lab.ui.theme import themed
 
 if TYPE_CHECKING:
     from hybridflow_lab.trainer.lab import Lab
@@ -63,11 +72,13 @@ class PlacementBoard:
                                              tooltip="rank placements with the auto-mapping search")
         self.suggest_button.on_click(lambda _: self.show_suggestions(self.suggest(lab.config, self.devices)))
         self.suggestions = widgets.VBox([widgets.HTML("<i>no suggestions yet</i>")])
-        self.widget = widgets.VBox([
+        self.timing = go.FigureWidget()
+        self.widget = themed(widgets.VBox([
             widgets.HTML(f"<b>Placement</b> of {html.escape(lab.name)} on {self.devices} device slots"), self.grid,
-            self.controls, widgets.HBox([self.apply_button, self.suggest_button]), self.status,
+            self.controls, widgets.HBox([self.apply_button, self.suggest_button]), self.status, self.timing,
             widgets.HTML("<b>Suggestions</b>"), self.suggestions,
-        ])
+        ]))
+        self._unsubscribe = lab.subscribe_steps(lambda _: self._draw_timing())
         self._render()
 
     # ------------------------------------------------------------ editing
@@ -93,9 +104,28 @@ class PlacementBoard:
         self.grid.value = device_grid_html(self.plan, self.devices)
         problem = self.plan.problem(config, self.devices)
         self.apply_button.disabled = problem is not None
+        self._draw_timing(problem)
         self.status.value = (f"<span style='color:#b00'>cannot run: {html.escape(problem)}</span>" if problem else
                              f"valid: {self.plan.devices_needed()} of {self.devices} slots "
                              f"({html.escape(self.plan.pool_summary())})")
+
+    def _draw_timing(self, problem: str | None = None) -> None:
+        """The simulator's stages for the board's plan (on this machine's profile) beside the Lab's last step."""
+        config = self.lab.config
+        if problem is not None:
+            replace_figure(self.timing, go.Figure(layout={"title": "no prediction: the plan cannot run",
+                                                          "height": 120}))
+            return
+        placed = self.plan.apply(config)
+        prediction = predict(self.plan, workload_from_config(placed), machine_profile(self.plan.devices_needed()),
+                             concurrent=overlaps(placed))
+        measured = stage_seconds(self.lab.history[-1:]) if self.lab.history else None
+        replace_figure(self.timing, predicted_beside_measured(prediction, measured))
+
+    def close(self) -> None:
+        """Stop following the Lab's steps and close the widgets."""
+        self._unsubscribe()
+        self.widget.close()
 
     def _role_row(self, role: str, pool: str) -> widgets.Widget:
         pools = sorted({*self.plan.pools, "main", role})

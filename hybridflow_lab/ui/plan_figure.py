@@ -20,6 +20,7 @@ CONTROLLER = "controller"
 STAGE_COLORS = {"generation": qualitative.Plotly[0], "preparation": qualitative.Plotly[2],
                 "training": qualitative.Plotly[1], CONTROLLER: "gray"}
 ROW_HEIGHT = 0.8  # of a category's height on the plans axis
+PREDICTED, MEASURED = "predicted", "last step (measured)"
 
 
 def stage_color(stage: str, index: int) -> str:
@@ -90,4 +91,26 @@ def predicted_vs_measured(predicted: Mapping[str, float], measured: Mapping[str,
                                     ("measured", measured, qualitative.Plotly[1]))])
     figure.update_layout(barmode="group", title=title, yaxis_title="seconds", height=380,
                          margin={"l": 10, "r": 10, "t": 50, "b": 40})
+    return figure
+
+
+def predicted_beside_measured(prediction: MappingPlan, measured: Mapping[str, float] | None,
+                              title: str = "this placement: predicted stages beside the last measured step"
+                              ) -> go.Figure:
+    """``plan_gantt`` of ``prediction`` (row ``predicted``) with a row of ``measured`` seconds per simulator stage
+    (``placement.measured.stage_seconds``: its stages end to end, then the rest of the step as controller time)."""
+    figure = plan_gantt([prediction], [PREDICTED], title)
+    if not measured:
+        figure.add_annotation(text="no step measured yet: run lab.step()", showarrow=False, x=0.5, y=-0.25,
+                              xref="paper", yref="paper", font={"color": "#888"})
+        return figure
+    start = 0.0
+    stages = [stage for stage in prediction.stage_s if stage in measured]
+    rest = max(0.0, measured.get("step", 0.0) - sum(measured[s] for s in stages))
+    for index, (stage, seconds) in enumerate([*((s, measured[s]) for s in stages), (CONTROLLER, rest)]):
+        figure.add_trace(go.Bar(name=f"{stage} (measured)", orientation="h", y=[MEASURED], x=[seconds], base=[start],
+                                marker_color=STAGE_COLORS.get(stage, stage_color(stage, index)), width=ROW_HEIGHT,
+                                showlegend=False, hovertemplate=f"{stage}: %{{x:.3g}} s measured<extra></extra>"))
+        start += seconds
+    figure.update_layout(height=220)
     return figure
