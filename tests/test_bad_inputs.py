@@ -334,6 +334,11 @@ OVERRIDE_CASES = [
          ("rollout.max_staleness", "remax dataflow cannot take batches from an older policy"), "grpo"),
     Case("staleness_without_overlap", ["rollout.pool=rollout", "rollout.max_staleness=1", "trainer.overlap=false"],
          ConfigError, ("trainer.overlap",), "set backend=ray and trainer.overlap=true"),
+    # captures
+    Case("capture_of_no_stage", ["trainer.capture=reward,rewards"], ConfigError, ("trainer.capture", "'rewards'"),
+         "or 'all'"),
+    Case("negative_capture_steps", ["trainer.capture=reward", "trainer.capture_steps=-1"], ConfigError,
+         ("trainer.capture_steps", ">= 0"), "use 0 to keep every step's captures"),
     Case("staleness_on_the_local_backend", ["backend=local", "actor.ranks=1", "rollout.pool=rollout",
                                             "rollout.max_staleness=1"],
          ConfigError, ("backend",), "or rollout.max_staleness=0"),

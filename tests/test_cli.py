@@ -159,3 +159,32 @@ def test_bench_soak_reports_memory_and_telemetry_after_checkpointed_steps():
     assert report["telemetry_bytes"] > 0 and report["telemetry_spans_in_memory"] > 0
     assert set(report) >= {"minutes", "steps", "controller_rss_mb_start", "controller_rss_mb_end",
                            "worker_rss_mb_growth_per_100_steps", "telemetry_bytes"}
+
+
+def test_trace_writes_a_runs_spans_as_a_chrome_trace(tmp_path):
+    from hybridflow_lab.telemetry import JsonlSink, Phase, Span, TelemetryStore
+
+    store = TelemetryStore()
+    sink = JsonlSink(tmp_path / "spans.jsonl").attach(store)
+    store.record([Span("generate", Phase.STAGE, 10.0, 10.5, step=0, attrs={"pool": "pool main"}),
+                  Span("generate_sequences", Phase.EXECUTE, 10.1, 10.4, group="lab.actor", rank=1, step=0,
+                       bytes_moved=64),
+                  Span("generate_sequences", Phase.CALL, 10.0, 10.45, group="lab.actor", step=0)])
+    sink.close()
+    out = run_cli("trace", "--run", str(tmp_path), "-o", str(tmp_path / "trace.json"))
+    assert "8 events in" in out and "ui.perfetto.dev" in out
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    processes = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    threads = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert sorted(processes.values()) == ["actor", "controller"]
+    assert sorted(threads.values()) == ["calls", "rank 1", "stages"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert [(e["name"], e["cat"], e["ts"], e["dur"]) for e in spans] == [
+        ("generate", "stage", 0.0, 500000.0), ("generate_sequences", "call", 0.0, 450000.0),
+        ("generate_sequences", "execute", 100000.0, 300000.0)]
+    execute = spans[2]
+    assert processes[execute["pid"]] == "actor" and threads[execute["tid"]] == "rank 1"
+    assert execute["args"] == {"step": 0, "bytes": 64}
+    done = subprocess.run([sys.executable, "-m", "hybridflow_lab.cli", "trace", "--run", str(tmp_path / "nope")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and f"no {tmp_path / 'nope' / 'spans.jsonl'}" in done.stderr

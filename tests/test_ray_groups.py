@@ -101,3 +101,16 @@ def test_pool_too_big_for_the_cluster_says_so(ray_cluster, no_leaks):
             ResourcePool(wanted).placement_groups(timeout_s=1)
     finally:
         hog.release()
+
+
+def test_a_local_rays_start_up_lines_go_to_the_log_file_not_to_the_notebook(tmp_path):
+    import subprocess
+    import sys
+
+    start = ("import sys, ray; from hybridflow_lab.controller import init_cluster; "
+             "init_cluster(num_cpus=2, log_file=sys.argv[1]); print(ray.is_initialized()); ray.shutdown()")
+    done = subprocess.run([sys.executable, "-c", start, str(tmp_path / "ray.log")], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
+    assert "Started a local Ray instance" not in done.stderr and "Token authentication" not in done.stderr
+    assert "Started a local Ray instance" in (tmp_path / "ray.log").read_text()

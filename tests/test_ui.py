@@ -15,7 +15,7 @@ from hybridflow_lab.placement import Placement, Suggestion
 from hybridflow_lab.telemetry import Phase, Span
 from hybridflow_lab.trainer.lab import Lab
 from hybridflow_lab.trainer.run_log import MetricsLog
-from hybridflow_lab.ui import dashboard, figures, placement_board
+from hybridflow_lab.ui import compare_runs, dashboard, figures, placement_board
 from hybridflow_lab.ui.run_files import JsonlTail, RunFiles
 from tests.test_lab import local_overrides
 
@@ -83,6 +83,58 @@ def test_the_board_offers_valid_choices_and_applies_to_a_lab_before_start(model_
     board.show_suggestions([Suggestion("one slot each", plan, 1.5)])
     board.suggestions.children[0].click()
     assert board.plan == plan and board.suggestions.children[0].description == "1. one slot each (~1.50 s)"
+    assert {trace.y[0] for trace in board.timing.data} == {"predicted"}  # no step measured yet
+
+
+def test_the_board_sets_the_predicted_stages_beside_the_last_measured_step(model_dir, tmp_path):
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run"))
+    board = placement_board(lab, devices=1)
+    lab.step()
+    measured = {t.name: t for t in board.timing.data if t.y[0] == "last step (measured)"}
+    history = lab.history[-1]
+    assert measured["generation (measured)"].x[0] == history["timing_s/generate"]
+    assert measured["training (measured)"].x[0] == history["timing_s/update_actor"]
+    ends = sum(t.x[0] for t in measured.values())
+    assert ends == pytest.approx(history["timing_s/step"])  # the rest of the step is the controller's
+    board.close()
+    lab.shutdown()
+
+
+def test_curves_draw_a_moving_average_mark_evaluations_and_say_why_a_panel_is_empty():
+    history = [{"step": i + 1, "critic/score/mean": float(i % 2), "train/accuracy": 0.5} for i in range(12)]
+    history[5]["eval/accuracy"] = 0.7
+    figure = figures.curves(history)
+    average = next(t for t in figure.data if t.name == "critic/score/mean (mean of 10)")
+    assert list(average.y[:3]) == [0.0, 0.5, pytest.approx(1 / 3)]
+    assert average.y[-1] == pytest.approx(sum(i % 2 for i in range(2, 12)) / 10)
+    evaluations = next(t for t in figure.data if t.name == "eval/accuracy")
+    assert evaluations.mode == "markers" and list(evaluations.x) == [6]
+    notes = [a.text for a in figure.layout.annotations]
+    assert "no critic in this algorithm" in notes and any("no KL to the reference" in n for n in notes)
+    assert "no scores logged" not in notes and "no response lengths logged" in notes
+    assert "no step has run yet" in [a.text for a in figures.curves([]).layout.annotations]
+
+
+def test_runs_compared_list_their_config_differences_curves_and_stage_seconds(model_dir, tmp_path):
+    for name, lr in (("a", "1e-3"), ("b", "5e-4")):
+        lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / name, f"actor.optim.lr={lr}"))
+        lab.run(2)
+        lab.shutdown()
+    comparison = compare_runs([tmp_path / "a", tmp_path / "b"])
+    assert list(comparison.differences.index) == ["actor.optim.lr"]
+    assert comparison.differences.loc["actor.optim.lr"].tolist() == [1e-3, 5e-4]
+    names = {trace.name for trace in comparison.curves.data}
+    assert {"a: critic/score/mean", "b: critic/score/mean", "b: critic/score/mean (mean of 10)"} <= names
+    bars = {trace.name: trace for trace in comparison.stage_times.data}
+    assert set(bars) == {"a", "b"} and "update_actor" in bars["a"].x
+    assert not comparison.refresh()  # nothing new since
+    from hybridflow_lab.ui.served import compare_app
+
+    app = compare_app([tmp_path / "a", tmp_path / "b"])
+    frame = next(p for p in app.objects if type(p).__name__ == "DataFrame")
+    assert list(frame.object.columns) == ["a", "b"]
+    with pytest.raises(ValueError, match="two or more"):
+        compare_runs([tmp_path / "a"])
 
 
 def test_the_dashboard_follows_a_running_lab(model_dir, tmp_path):
@@ -107,6 +159,10 @@ def test_the_dashboard_follows_a_running_lab(model_dir, tmp_path):
     view.sample_step.value = 1  # browsing an older step
     assert next(r for r in lab.samples if r["step"] == 1)["response"] in view.samples.value
     assert view.refreshes >= 2 and view.refresh_seconds > 0
+    assert "data-stage='update_critic'" in view.graph.value and "step 2" in view.graph.value
+    view.graph_stage.value = "values"  # selecting a stage shows what it did
+    assert "critic.compute_values on ranks [0]" in view.graph_detail.value
+    assert "<td>values</td>" in view.graph_detail.value and "stroke='#d62728'" in view.graph.value
     replaced = dashboard(lab)  # a second dashboard replaces (and stops) the first
     refreshes = view.refreshes
     lab.step()

@@ -14,18 +14,19 @@ from hybridflow_lab.telemetry import Phase, Span, format_bytes
 
 CONTROLLER_ROW = "controller"
 TIMELINE_PHASES = (Phase.STAGE, Phase.EXECUTE, Phase.TRANSFER)
-CURVES = (  # (title, metric keys drawn in that panel, why a run has none of them)
-    ("score", ("critic/score/mean",), "no step has run yet"),
-    ("accuracy", ("train/accuracy", "eval/accuracy"), "no step has run yet"),
+CURVES = (  # (title, metric keys drawn in that panel, why a run that has steps has none of them)
+    ("score", ("critic/score/mean",), "no scores logged"),
+    ("accuracy", ("train/accuracy", "eval/accuracy"), "no accuracy logged"),
     ("KL to reference", ("actor/kl",), "no KL to the reference in this run (set algorithm.kl_loss_coef or "
                                        "kl_reward_coef)"),
-    ("entropy", ("actor/entropy",), "no actor update yet"),
-    ("response length", ("response_length/mean",), "no step has run yet"),
-    ("tokens/s", ("perf/throughput",), "no step has run yet"),
-    ("clip fraction", ("actor/pg_clipfrac",), "no actor update yet"),
-    ("gradient norm", ("actor/grad_norm",), "no actor update yet"),
+    ("entropy", ("actor/entropy",), "no actor update logged"),
+    ("response length", ("response_length/mean",), "no response lengths logged"),
+    ("tokens/s", ("perf/throughput",), "no throughput logged"),
+    ("clip fraction", ("actor/pg_clipfrac",), "no actor update logged"),
+    ("gradient norm", ("actor/grad_norm",), "no actor update logged"),
     ("value loss", ("critic/vf_loss",), "no critic in this algorithm"),
 )
+NO_STEPS = "no step has run yet"
 EVAL_PREFIX = "eval/"
 MOVING_AVERAGE = 10  # steps in the curves' moving average
 SAMPLE_COLUMNS = ("step", "prompt", "response", "ground_truth", "score", "advantage")
@@ -146,7 +147,7 @@ def run_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], title: str = "tr
                 figure.add_trace(go.Scatter(x=xs, y=moving_average(ys, MOVING_AVERAGE), mode="lines",
                                             name=f"{name} (mean of {MOVING_AVERAGE})", line={"color": colour}), **where)
         if not drawn:
-            figure.add_annotation(text=why_empty, showarrow=False, font={"size": 10, "color": "#888"},
+            figure.add_annotation(text=why_empty if any(runs.values()) else NO_STEPS, showarrow=False, font={"size": 10, "color": "#888"},
                                   xref=f"x{index + 1} domain" if index else "x domain",
                                   yref=f"y{index + 1} domain" if index else "y domain", x=0.5, y=0.5)
     figure.update_layout(title=title, height=260 * rows, margin={"l": 10, "r": 10, "t": 60, "b": 40},
