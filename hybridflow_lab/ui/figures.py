@@ -147,7 +147,8 @@ def run_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], title: str = "tr
                 figure.add_trace(go.Scatter(x=xs, y=moving_average(ys, MOVING_AVERAGE), mode="lines",
                                             name=f"{name} (mean of {MOVING_AVERAGE})", line={"color": colour}), **where)
         if not drawn:
-            figure.add_annotation(text=why_empty if any(runs.values()) else NO_STEPS, showarrow=False, font={"size": 10, "color": "#888"},
+            figure.add_annotation(text=why_empty if any(runs.values()) else NO_STEPS, showarrow=False,
+                                  font={"size": 10, "color": "#888"},
                                   xref=f"x{index + 1} domain" if index else "x domain",
                                   yref=f"y{index + 1} domain" if index else "y domain", x=0.5, y=0.5)
     figure.update_layout(title=title, height=260 * rows, margin={"l": 10, "r": 10, "t": 60, "b": 40},
