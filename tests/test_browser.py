@@ -9,6 +9,8 @@ import sys
 import textwrap
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import nbformat
 import pytest
@@ -51,6 +53,8 @@ def test_served_dashboard_renders_a_finished_run_and_follows_a_running_one(model
         for title in ("stage seconds per step", "training curves", "KL to reference"):
             page.get_by_text(title).first.wait_for()
         page.get_by_text(lab.samples[-1]["response"], exact=True).first.wait_for()  # the sample browser
+        for stage in ("generate", "values", "update_critic"):  # the last step's dataflow graph
+            page.locator(f"g.hybridflow-node[data-stage='{stage}']").wait_for()
         keep_screenshot(page, "served-dashboard")
 
         train = subprocess.Popen([sys.executable, "-m", "hybridflow_lab.cli", "train", "--config", "arithmetic_grpo",
@@ -108,13 +112,15 @@ def run_in_kernel(client, code: str, timeout_s: float = 120) -> str:
     return "".join(output)
 
 
-def test_jupyterlab_board_changes_the_kernels_lab_and_the_dashboard_shows_its_spans(model_dir, tmp_path):
-    overrides = [o for o in local_overrides(model_dir, tmp_path / "run") if o != "backend=local"]  # Ray, 1 rank
+@contextmanager
+def jupyterlab_running(tmp_path, name: str, overrides: list[str], cells: list[str]) -> Iterator[tuple[object, str]]:
+    """JupyterLab on loopback with a notebook of ``cells`` (after ``OVERRIDES = overrides``), opened in chromium
+    with every cell run; yields the page and the server's base URL, and shuts the kernel down after."""
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(f"OVERRIDES = {overrides!r}")]
-    notebook.cells += [nbformat.v4.new_code_cell(textwrap.dedent(code).strip()) for code in NOTEBOOK]
+    notebook.cells += [nbformat.v4.new_code_cell(textwrap.dedent(code).strip()) for code in cells]
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(notebook, tmp_path / "board.ipynb")
+    nbformat.write(notebook, tmp_path / f"{name}.ipynb")
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)  # no "get notified about news?" toast over the page
     (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
@@ -124,13 +130,20 @@ def test_jupyterlab_board_changes_the_kernels_lab_and_the_dashboard_shows_its_sp
                "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={tmp_path}",
                "--LabApp.expose_app_in_browser=True", "--allow-root",
                f"--LabApp.user_settings_dir={tmp_path / 'settings'}", f"--LabApp.workspaces_dir={tmp_path}"]
-    with server(command, f"{base}/lab", tmp_path / "jupyter.log"), browser_page("jupyterlab", height=1600) as page:
-        page.goto(f"{base}/lab/tree/board.ipynb")
+    with server(command, f"{base}/lab", tmp_path / "jupyter.log"), browser_page(name, height=1600) as page:
+        page.goto(f"{base}/lab/tree/{name}.ipynb")
         page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget", timeout=60_000)
         page.locator(".jp-Notebook").wait_for(timeout=60_000)
         kernel_idle = "window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel?.status === 'idle'"
         page.wait_for_function(kernel_idle, timeout=60_000)
-        page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")  # not awaited
+        yield page, base
+        page.evaluate("window.jupyterapp.commands.execute('kernelmenu:shutdown')")
+
+
+def test_jupyterlab_board_changes_the_kernels_lab_and_the_dashboard_shows_its_spans(model_dir, tmp_path):
+    overrides = [o for o in local_overrides(model_dir, tmp_path / "run") if o != "backend=local"]  # Ray, 1 rank
+    with jupyterlab_running(tmp_path, "board", overrides, NOTEBOOK) as (page, base):
         board = page.locator(".widget-toggle-buttons").filter(has_text="pool main slots")
         board.wait_for(timeout=120_000)
         page.get_by_text("valid: 1 of 4 slots").wait_for(timeout=30_000)
@@ -153,4 +166,77 @@ def test_jupyterlab_board_changes_the_kernels_lab_and_the_dashboard_shows_its_sp
             page.get_by_text(row, exact=True).first.wait_for(timeout=60_000)
         page.get_by_text("stage seconds per step").first.scroll_into_view_if_needed()
         keep_screenshot(page, "jupyterlab-dashboard")
-        page.evaluate("window.jupyterapp.commands.execute('kernelmenu:shutdown')")
+
+
+GRAPH_NOTEBOOK = [
+    """
+    import time
+    from hybridflow_lab.trainer.lab import Lab
+    from hybridflow_lab.ui import compare, dashboard
+    lab = Lab("arithmetic_grpo", overrides=OVERRIDES)
+    scorer = lab.task.reward
+    lab.step()
+    view = dashboard(lab, interval_s=0.2)
+    view
+    """,
+    """
+    def slow_reward(prompt, response, truth):  # the reward stage lasts until the test has watched it
+        deadline = time.monotonic() + 120
+        while not RELEASE.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return float(len(response) % 3) / 2
+
+    lab.task.reward = slow_reward
+    lab.step()
+    """,
+    """
+    compare(lab.replay(2, "reward"), lab.replay(2, "reward", "algorithm.name=rloo"),
+            lab.replay(2, "reward", "algorithm.policy_loss=gspo", name="gspo"))
+    """,
+]
+
+
+def test_jupyterlab_dataflow_graph_follows_the_running_stage_shows_a_chosen_one_and_a_replay_renders(model_dir,
+                                                                                                        tmp_path):
+    overrides = local_overrides(model_dir, tmp_path / "run", "trainer.capture=reward")
+    release = tmp_path / "release"
+    cells = [f"from pathlib import Path\nRELEASE = Path({str(release)!r})", *GRAPH_NOTEBOOK]
+    with jupyterlab_running(tmp_path, "graph", list(overrides), cells) as (page, _):
+        graph = page.locator("svg.hybridflow-graph")
+        graph.wait_for(timeout=120_000)
+        for stage in ("next_prompts", "generate", "reward", "old_log_prob", "adv", "update_actor"):
+            graph.locator(f"g.hybridflow-node[data-stage='{stage}']").wait_for(timeout=30_000)
+        running = graph.locator("g.hybridflow-node[data-status='running']")
+        running.wait_for(timeout=120_000)  # the slow reward stage, live
+        assert running.get_attribute("data-stage") == "reward"
+        assert graph.locator("g.hybridflow-node[data-stage='update_actor'][data-status='waiting']").count() == 1
+        keep_screenshot(page, "jupyterlab-dataflow-graph")
+        release.touch()
+        page.get_by_text("mean |advantage|").wait_for(timeout=180_000)  # the replay comparison's table
+        for name in ("grpo", "algorithm.name=rloo", "gspo"):
+            page.locator("th", has_text=name).first.wait_for()
+        assert page.locator(".js-plotly-plot .heatmaplayer").count() >= 1
+        page.locator("g.hybridflow-node[data-status='running']").wait_for(state="detached", timeout=30_000)
+        page.locator(".widget-dropdown").filter(has_text="stage").locator("select").select_option("update_actor")
+        page.get_by_text("actor.update_actor on ranks [0]").wait_for(timeout=30_000)
+        page.locator("g.hybridflow-node[data-stage='update_actor'] rect[stroke='#d62728']").wait_for()
+        page.get_by_text("mean |advantage|").scroll_into_view_if_needed()
+        keep_screenshot(page, "jupyterlab-replay-compare")
+
+
+def test_served_dashboard_compares_two_runs(model_dir, tmp_path):
+    for name, lr in (("small-lr", "1e-4"), ("large-lr", "1e-3")):
+        lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / name, f"actor.optim.lr={lr}"))
+        lab.run(3)
+        lab.shutdown()
+    port = free_port()
+    command = [sys.executable, "-m", "hybridflow_lab.cli", "dashboard", "--run", str(tmp_path / "small-lr"),
+               "--run", str(tmp_path / "large-lr"), "--port", str(port)]
+    with server(command, f"http://127.0.0.1:{port}/", tmp_path / "dashboard.log"), browser_page("compare") as page:
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.get_by_text("runs compared").wait_for(timeout=30_000)
+        page.get_by_text("actor.optim.lr").first.wait_for(timeout=30_000)
+        for legend in ("small-lr: critic/score/mean (mean of 10)", "large-lr: critic/score/mean (mean of 10)"):
+            page.get_by_text(legend, exact=True).first.wait_for(timeout=30_000)
+        page.get_by_text("median seconds per step, stage by stage").wait_for()
+        keep_screenshot(page, "served-run-comparison")

@@ -110,7 +110,7 @@ def test_curves_draw_a_moving_average_mark_evaluations_and_say_why_a_panel_is_em
     evaluations = next(t for t in figure.data if t.name == "eval/accuracy")
     assert evaluations.mode == "markers" and list(evaluations.x) == [6]
     notes = [a.text for a in figure.layout.annotations]
-    assert "no critic in this algorithm" in notes and any("no KL to the reference" in n for n in notes)
+    assert "no critic in this algorithm" in notes and any(n.startswith("no KL term in this run") for n in notes)
     assert "no scores logged" not in notes and "no response lengths logged" in notes
     assert "no step has run yet" in [a.text for a in figures.curves([]).layout.annotations]
 

@@ -189,7 +189,8 @@ def to_svg(graph: DataflowGraph, selected: str = "") -> str:
     where = {n.key: (LEFT + index * COLUMN_W, 30 + row_of[n.model] * ROW_H) for index, n in enumerate(graph.nodes)}
     width, height = LEFT + len(graph.nodes) * COLUMN_W, 40 + len(graph.models) * ROW_H
     parts = [f"<svg xmlns='http://www.w3.org/2000/svg' class='hybridflow-graph' width='{width}' height='{height}' "
-             "font-family='sans-serif' font-size='11'>",
+             f"viewBox='0 0 {width} {height}' style='max-width: 100%; height: auto' font-family='sans-serif' "
+             "font-size='11'>",
              "<defs><marker id='hf-arrow' viewBox='0 0 10 10' refX='10' refY='5' markerWidth='7' markerHeight='7' "
              "orient='auto-start-reverse'><path d='M 0 0 L 10 5 L 0 10 z' fill='#555'/></marker></defs>",
              f"<text x='4' y='16' font-weight='bold' style='{THEMED_TEXT}'>step {graph.step + 1}</text>"]

@@ -17,8 +17,7 @@ TIMELINE_PHASES = (Phase.STAGE, Phase.EXECUTE, Phase.TRANSFER)
 CURVES = (  # (title, metric keys drawn in that panel, why a run that has steps has none of them)
     ("score", ("critic/score/mean",), "no scores logged"),
     ("accuracy", ("train/accuracy", "eval/accuracy"), "no accuracy logged"),
-    ("KL to reference", ("actor/kl",), "no KL to the reference in this run (set algorithm.kl_loss_coef or "
-                                       "kl_reward_coef)"),
+    ("KL to reference", ("actor/kl",), "no KL term in this run<br>(algorithm.kl_loss_coef,<br>kl_reward_coef)"),
     ("entropy", ("actor/entropy",), "no actor update logged"),
     ("response length", ("response_length/mean",), "no response lengths logged"),
     ("tokens/s", ("perf/throughput",), "no throughput logged"),
@@ -143,9 +142,11 @@ def run_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], title: str = "tr
                                                 "size": 9, "color": colour}), **where)
                     continue
                 figure.add_trace(go.Scatter(x=xs, y=ys, name=name, mode="lines+markers", opacity=0.35,
-                                            line={"color": colour}, marker={"size": 4}), **where)
+                                            line={"color": colour}, marker={"size": 4}, legendgroup=name,
+                                            showlegend=False), **where)
                 figure.add_trace(go.Scatter(x=xs, y=moving_average(ys, MOVING_AVERAGE), mode="lines",
-                                            name=f"{name} (mean of {MOVING_AVERAGE})", line={"color": colour}), **where)
+                                            name=f"{name} (mean of {MOVING_AVERAGE})", line={"color": colour},
+                                            legendgroup=name), **where)
         if not drawn:
             figure.add_annotation(text=why_empty if any(runs.values()) else NO_STEPS, showarrow=False,
                                   font={"size": 10, "color": "#888"},

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
-import torch
 from plotly.subplots import make_subplots
 
 from hybridflow_lab.trainer.replay import Replayed
@@ -17,7 +17,7 @@ UPDATE_METRICS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/g
 
 
 class ReplayComparison:
-    """``table`` (one row per replay) and ``figure`` (a heat map pair per replay); displays both."""
+    """``table`` (one row per replay) and ``figure`` (a heat map pair per replay); displays both (``widget``)."""
 
     def __init__(self, replays: Sequence[Replayed]) -> None:
         if not replays:
@@ -30,10 +30,11 @@ class ReplayComparison:
         self.table = pd.DataFrame([_row(r) for r in self.replays]).set_index("replay")
         self.figure = heatmaps(self.replays)
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        return {"text/html": self.table.to_html(float_format="{:.4g}".format)
-                + self.figure.to_html(include_plotlyjs="cdn", full_html=False),
-                "text/plain": self.table.to_string()}
+        self.widget = widgets.VBox([widgets.HTML(self.table.to_html(float_format="{:.4g}".format)),
+                                    go.FigureWidget(self.figure)])
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
 
 
 def compare(*replays: Replayed) -> ReplayComparison:
@@ -59,8 +60,9 @@ def heatmaps(replays: Sequence[Replayed]) -> go.Figure:
     for index, replay in enumerate(replays):
         mask = replay.batch["response_mask"].bool()
         for col, (values, scale) in enumerate(((replay.batch["advantages"], limit), (replay.token_loss, None)), 1):
-            shown = torch.where(mask, values.float(), torch.full_like(values.float(), float("nan")))
-            figure.add_trace(go.Heatmap(z=shown.tolist(), colorscale="RdBu", zmid=0, showscale=col == 1 and index == 0,
+            shown = [[value if keep else None for value, keep in zip(row, kept, strict=True)]  # None: a blank cell
+                     for row, kept in zip(values.float().tolist(), mask.tolist(), strict=True)]
+            figure.add_trace(go.Heatmap(z=shown, colorscale="RdBu", zmid=0, showscale=col == 1 and index == 0,
                                         zmin=-scale if scale else None, zmax=scale if scale else None,
                                         hovertemplate="sequence %{y}, token %{x}: %{z:.4f}<extra></extra>"),
                              row=index + 1, col=col)

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -44,10 +45,10 @@ class RunComparison:
             self.stage_times = stage_medians(histories)
         return any(changed)
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        plots = "".join(f.to_html(include_plotlyjs="cdn", full_html=False) for f in (self.curves, self.stage_times))
-        return {"text/html": "<b>config differences</b>" + self.differences.to_html() + plots,
-                "text/plain": self.differences.to_string()}
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        shown = widgets.VBox([widgets.HTML("<b>config differences</b>" + self.differences.to_html()),
+                              go.FigureWidget(self.curves), go.FigureWidget(self.stage_times)])
+        return shown._repr_mimebundle_(**kwargs)
 
 
 def compare_runs(run_dirs: Sequence[str | os.PathLike[str]], labels: Sequence[str] | None = None) -> RunComparison:
