@@ -148,10 +148,12 @@ def run_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], title: str = "tr
                                             name=f"{name} (mean of {MOVING_AVERAGE})", line={"color": colour},
                                             legendgroup=name), **where)
         if not drawn:
+            # an empty subplot draws no axes to refer to: place the note by the subplot's domain on the page
+            axis = "" if index == 0 else str(index + 1)
+            x_domain, y_domain = figure.layout[f"xaxis{axis}"].domain, figure.layout[f"yaxis{axis}"].domain
             figure.add_annotation(text=why_empty if any(runs.values()) else NO_STEPS, showarrow=False,
-                                  font={"size": 10, "color": "#888"},
-                                  xref=f"x{index + 1} domain" if index else "x domain",
-                                  yref=f"y{index + 1} domain" if index else "y domain", x=0.5, y=0.5)
+                                  font={"size": 10, "color": "#888"}, xref="paper", yref="paper",
+                                  x=sum(x_domain) / 2, y=sum(y_domain) / 2)
     figure.update_layout(title=title, height=260 * rows, margin={"l": 10, "r": 10, "t": 60, "b": 40},
                          legend={"font": {"size": 10}})
     return figure
