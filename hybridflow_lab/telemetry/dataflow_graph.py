@@ -63,7 +63,7 @@ class GraphEdge:
         return f"{names} · {format_bytes(self.bytes)}" if self.bytes else names
 
 
-@dataclass
+@dataclass(repr=False)
 class DataflowGraph:
     """The stages of step ``step`` in the order they started, the columns between them, and the model rows drawn
     (those declared by the run and those its stages ran on). Displays as an SVG. ``step`` is the spans' 0-based
@@ -91,6 +91,8 @@ class DataflowGraph:
         lines += [f"  {n.key} [{n.model}] {n.label()}" for n in self.nodes]
         lines += [f"  {e.source} -> {e.target}: {e.label(len(e.columns))}" for e in self.edges]
         return "\n".join(lines)
+
+    __repr__ = __str__
 
     def _repr_html_(self) -> str:
         return to_svg(self)
