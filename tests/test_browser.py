@@ -187,7 +187,7 @@ GRAPH_NOTEBOOK = [
         return float(len(response) % 3) / 2
 
     lab.task.reward = slow_reward
-    lab.step()
+    metrics = lab.step()
     """,
     """
     compare(lab.replay(2, "reward"), lab.replay(2, "reward", "algorithm.name=rloo"),

@@ -140,6 +140,8 @@ def test_runs_compared_list_their_config_differences_curves_and_stage_seconds(mo
 def test_the_dashboard_follows_a_running_lab(model_dir, tmp_path):
     lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "algorithm.name=ppo"))
     view = dashboard(lab, interval_s=0.05, steps_shown=1)
+    assert [a.text for a in view.timeline.layout.annotations] == [
+        "no spans yet: a stage called in a cell, or lab.step(), records them"]  # not empty axes
     lab.run(2)
     deadline = time.monotonic() + 10
     while view._drawn_steps < 2 and time.monotonic() < deadline:  # the redraw thread catches up
@@ -148,6 +150,7 @@ def test_the_dashboard_follows_a_running_lab(model_dir, tmp_path):
         pass
     rows = {row for trace in view.timeline.data for row in trace.y}
     assert rows == {"controller", "actor r0", "critic r0"}
+    assert not view.timeline.layout.annotations and view.timeline.layout.xaxis.visible is not False
     steps_drawn = {s.step for s in figures.recent_steps(view._spans, 1)}
     assert steps_drawn == {1}  # the last step only
     stacked = {trace.name: trace.y for trace in view.stage_times.data}

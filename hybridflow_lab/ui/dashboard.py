@@ -29,11 +29,12 @@ def replace_figure(widget: go.FigureWidget, figure: go.Figure) -> None:
     where it differs (re-validating a whole layout with its template costs ~50 ms)."""
     layout = figure.layout.to_plotly_json()
     layout.pop("template", None)
+    drawn = getattr(widget, "_drawn_layout", None)
     with widget.batch_update():
         widget.data = ()
         widget.add_traces(list(figure.data))
-        if getattr(widget, "_drawn_layout", None) != layout:
-            widget.update_layout(layout)
+        if drawn != layout:  # what the last figure set and this one does not goes back to its default
+            widget.update_layout({**dict.fromkeys(set(drawn or {}) - set(layout)), **layout}, overwrite=True)
             widget._drawn_layout = layout
 
 

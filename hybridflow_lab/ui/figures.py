@@ -86,6 +86,8 @@ def timeline(spans: Sequence[Span], title: str = "per-worker timeline") -> go.Fi
             marker_pattern_shape="/" if transfer else "",
         ))
     rows = sorted({timeline_row(s) for s in spans}, key=lambda r: (not r.startswith(CONTROLLER_ROW), r))
+    if not spans:
+        return empty(figure, title, "no spans yet: a stage called in a cell, or lab.step(), records them")
     figure.update_layout(title=title, barmode="overlay", xaxis_title="seconds", height=120 + 28 * len(rows),
                          yaxis={"categoryorder": "array", "categoryarray": rows[::-1]},
                          margin={"l": 10, "r": 10, "t": 40, "b": 40}, legend={"font": {"size": 10}})
@@ -107,8 +109,19 @@ def stage_times(history: Sequence[Mapping[str, Any]], title: str = "stage second
     steps = [metrics.get("step", index + 1) for index, metrics in enumerate(history)]
     figure = go.Figure([go.Bar(name=key.removeprefix("timing_s/"), x=steps, y=[m.get(key, 0.0) for m in history])
                         for key in stages])
+    if not history:
+        return empty(figure, title, NO_STEPS)
     figure.update_layout(title=title, barmode="stack", xaxis_title="step", yaxis_title="seconds", height=320,
                          margin={"l": 10, "r": 10, "t": 40, "b": 40})
+    return figure
+
+
+def empty(figure: go.Figure, title: str, why: str) -> go.Figure:
+    """``figure`` with no axes and a note saying why it has nothing to draw."""
+    figure.update_layout(title=title, height=140, xaxis={"visible": False}, yaxis={"visible": False},
+                         margin={"l": 10, "r": 10, "t": 40, "b": 10})
+    figure.add_annotation(text=why, showarrow=False, font={"size": 11, "color": "#888"}, xref="paper",
+                          yref="paper", x=0.5, y=0.5)
     return figure
 
 

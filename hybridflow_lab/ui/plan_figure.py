@@ -100,9 +100,10 @@ def predicted_beside_measured(prediction: MappingPlan, measured: Mapping[str, fl
     """``plan_gantt`` of ``prediction`` (row ``predicted``) with a row of ``measured`` seconds per simulator stage
     (``placement.measured.stage_seconds``: its stages end to end, then the rest of the step as controller time)."""
     figure = plan_gantt([prediction], [PREDICTED], title)
+    figure.update_layout(height=260, legend={"orientation": "h", "y": -0.3})
     if not measured:
-        figure.add_annotation(text="no step measured yet: run lab.step()", showarrow=False, x=0.5, y=-0.25,
-                              xref="paper", yref="paper", font={"color": "#888"})
+        figure.add_annotation(text="no step measured yet: run lab.step()", showarrow=False, x=1, y=1.08,
+                              xanchor="right", xref="paper", yref="paper", font={"color": "#888"})
         return figure
     start = 0.0
     stages = [stage for stage in prediction.stage_s if stage in measured]
@@ -112,5 +113,4 @@ def predicted_beside_measured(prediction: MappingPlan, measured: Mapping[str, fl
                                 marker_color=STAGE_COLORS.get(stage, stage_color(stage, index)), width=ROW_HEIGHT,
                                 showlegend=False, hovertemplate=f"{stage}: %{{x:.3g}} s measured<extra></extra>"))
         start += seconds
-    figure.update_layout(height=220)
     return figure
