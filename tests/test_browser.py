@@ -223,6 +223,22 @@ def test_jupyterlab_dataflow_graph_follows_the_running_stage_shows_a_chosen_one_
         page.get_by_text("mean |advantage|").scroll_into_view_if_needed()
         keep_screenshot(page, "jupyterlab-replay-compare")
 
+        page.evaluate("() => { window.jupyterapp.commands.execute('apputils:change-theme', "
+                      "{theme: 'JupyterLab Dark'}); }")
+        page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+        page.locator("#jupyterlab-splash").wait_for(state="detached", timeout=30_000)
+        colours = page.evaluate("""() => {
+            const text = document.querySelector('.hybridflow-themed .js-plotly-plot .xtick text');
+            const paper = document.querySelector('.hybridflow-themed .js-plotly-plot .main-svg');
+            const probe = document.createElement('span');
+            probe.style.color = 'var(--jp-ui-font-color1)';
+            document.body.appendChild(probe);
+            return {text: getComputedStyle(text).fill, theme: getComputedStyle(probe).color,
+                    paper: getComputedStyle(paper).backgroundColor};
+        }""")
+        assert colours["text"] == colours["theme"] and colours["paper"] == "rgba(0, 0, 0, 0)", colours
+        keep_screenshot(page, "jupyterlab-dark-theme")
+
 
 def test_served_dashboard_compares_two_runs(model_dir, tmp_path):
     for name, lr in (("small-lr", "1e-4"), ("large-lr", "1e-3")):

@@ -149,7 +149,7 @@ def run_curves(runs: Mapping[str, Sequence[Mapping[str, Any]]], title: str = "tr
                 drawn = True
                 xs, ys = zip(*points, strict=True)
                 name = f"{label}: {key}" if label else key
-                colour = colours[(number * len(keys) + key_number) % len(colours)]
+                colour = colours[(number if len(runs) > 1 else key_number) % len(colours)]  # a colour per run
                 if key.startswith(EVAL_PREFIX):
                     figure.add_trace(go.Scatter(x=xs, y=ys, name=name, mode="markers", marker={"symbol": "diamond",
                                                 "size": 9, "color": colour}), **where)

@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from hybridflow_lab.trainer.replay import Replayed
+from hybridflow_lab.ui.theme import themed
 
 UPDATE_METRICS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm", "actor/entropy")
 
@@ -30,8 +31,8 @@ class ReplayComparison:
         self.table = pd.DataFrame([_row(r) for r in self.replays]).set_index("replay")
         self.figure = heatmaps(self.replays)
 
-        self.widget = widgets.VBox([widgets.HTML(self.table.to_html(float_format="{:.4g}".format)),
-                                    go.FigureWidget(self.figure)])
+        self.widget = themed(widgets.VBox([widgets.HTML(self.table.to_html(float_format="{:.4g}".format)),
+                                           go.FigureWidget(self.figure)]))
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)

@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from hybridflow_lab.trainer.run_log import CONFIG_FILE
 from hybridflow_lab.ui import figures
 from hybridflow_lab.ui.run_files import RunFiles
+from hybridflow_lab.ui.theme import themed
 
 NOT_COMPARED = ("trainer.run_dir",)  # differs between any two runs and says nothing about them
 
@@ -46,8 +47,8 @@ class RunComparison:
         return any(changed)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        shown = widgets.VBox([widgets.HTML("<b>config differences</b>" + self.differences.to_html()),
-                              go.FigureWidget(self.curves), go.FigureWidget(self.stage_times)])
+        shown = themed(widgets.VBox([widgets.HTML("<b>config differences</b>" + self.differences.to_html()),
+                                     go.FigureWidget(self.curves), go.FigureWidget(self.stage_times)]))
         return shown._repr_mimebundle_(**kwargs)
 
 
