@@ -90,8 +90,11 @@ def test_colocated_roles_take_turns_and_failures_name_their_stage(ray_cluster, m
 
         with pytest.raises(KeyError, match="'old_log_prob' stage reads"), lab.overlapped():
             after = lab.advantages(lab.old_log_prob(lab.next_prompts()))  # prompts have no responses yet
-        with pytest.raises(StageNotRun, match=r"the 'adv' stage did not run: the 'old_log_prob' stage of step 1"):
-            after["advantages"]
+        with pytest.raises(StageNotRun, match=r"the 'old_log_prob' stage of step 1 failed"):
+            after["old_log_probs"]
+        with pytest.raises(StageNotRun, match=r"the 'adv' stage of step 1 failed .*'adv' stage reads columns "
+                                              r"\['response_mask', 'uid', 'scores'\]"):
+            after["advantages"]  # its reads name what is missing
         with pytest.raises(KeyError, match=r"'update_critic' stage reads .*'values'"), lab.overlapped():
             batch = lab.reward(lab.generate(lab.next_prompts()))
             lab.update_critic(batch)
