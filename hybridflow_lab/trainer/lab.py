@@ -343,7 +343,7 @@ class Lab:
         """The dataflow graph of ``step`` (default: the step running now, else the last one): the stages called on
         their models, live (running, done with seconds and bytes moved, not reached yet), and the columns
         between them with their sizes. Drawn from the stages' telemetry, so a notebook's own dataflow is drawn
-        too; displays as an SVG (``hybridflow_lab.ui.graph_view(lab)`` is the live widget)."""
+        too; displays as an SVG (live, with a stage selector, as the first panel of ``hybridflow_lab.ui.dashboard``)."""
         return dataflow_graph(self.telemetry.spans(phase=Phase.STAGE), self.telemetry.running(), self.models, step,
                               self.step_index)
 
@@ -405,6 +405,7 @@ class Lab:
         if self._rollout_version == self.policy_version:
             return self._rollout_sync
         step, version = self.current_step, self.policy_version
+
         def gather(rows: DataBatch, summary: StageSummary) -> dict[str, torch.Tensor]:
             gathered = self.actor.policy_weights()[0]
             summary.columns = {WEIGHTS: {"shape": [len(gathered)], "dtype": "state_dict",

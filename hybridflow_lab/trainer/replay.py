@@ -68,8 +68,8 @@ class ReplayStages:
         return self._batch
 
     def next_prompts(self, n: int | None = None) -> DataBatch:
-        raise ReplayError("this algorithm draws prompts of its own (ReMax's greedy baseline); a replay takes only "
-                          "the captured responses")
+        raise ReplayError("this dataflow draws prompts or generates of its own (ReMax's greedy baseline does); a "
+                          "replay takes only the captured responses")
 
     generate = next_prompts
 
@@ -89,7 +89,7 @@ class ReplayStages:
 def replay_batch(lab: Lab, batch: DataBatch, record: dict[str, Any], config: LabConfig, policy: torch.nn.Module,
                  name: str, overrides: tuple[str, ...]) -> Replayed:
     """``batch`` (captured after ``record["stage"]`` of step ``record["step"]``) through the dataflow of ``config``,
-    with ``policy`` probed for the update; the Lab is inside ``lab.replaying`` (see the module docstring)."""
+    with ``policy`` probed for the update; the Lab is inside ``Lab._replaying`` (see the module docstring)."""
     needs = lab.needs
     if needs.critic and "critic" not in lab.groups:
         raise ReplayError(f"{needs.algorithm.name} needs a critic and this Lab runs none; replay it in a Lab that "
