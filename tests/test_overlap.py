@@ -93,7 +93,7 @@ def test_colocated_roles_take_turns_and_failures_name_their_stage(ray_cluster, m
         with pytest.raises(StageNotRun, match=r"the 'old_log_prob' stage of step 1 failed"):
             after["old_log_probs"]
         with pytest.raises(StageNotRun, match=r"the 'adv' stage of step 1 failed .*'adv' stage reads columns "
-                                              r"\['response_mask', 'uid', 'scores'\]"):
+                                              r"\['response_mask', 'uid', 'scores', 'token_rewards\?'"):
             after["advantages"]  # its reads name what is missing
         with pytest.raises(KeyError, match=r"'update_critic' stage reads .*'values'"), lab.overlapped():
             batch = lab.reward(lab.generate(lab.next_prompts()))
@@ -124,3 +124,33 @@ def test_a_pending_batch_waits_only_for_the_stage_that_writes_a_column():
     failed.set_exception(RuntimeError("rank 0 died"))
     with pytest.raises(StageNotRun, match=r"'ref' stage of step 4 failed .*rank 0 died"):
         PendingBatch("ref", 4, pending, failed, writes=("ref_log_probs",))["ref_log_probs"]
+
+
+def test_a_stage_with_optional_reads_is_queued_without_waiting_for_the_stage_that_makes_its_batch():
+    """Calling a stage whose reads include columns the batch may have (``"values?"``) returns at once; the
+    lookup happens when the stage runs, on its lane, so the dataflow goes on calling the next stages."""
+    from hybridflow_lab.dataflows import StepContext
+    from hybridflow_lab.telemetry import TelemetryStore
+    from hybridflow_lab.trainer.stage_runner import StageRunner, lane_of
+    from hybridflow_lab.trainer.stages import Stage
+
+    runner, step, release = StageRunner("t", TelemetryStore(), lambda error, stage: None), StepContext(0, 0), \
+        threading.Event()
+
+    def generate(_):
+        assert release.wait(30)
+        return DataBatch({"scores": torch.ones(2)})
+
+    def advantages(rows):
+        return DataBatch({"advantages": rows["scores"] * (2 if "values" in rows else 1)})
+
+    try:
+        with runner.overlapped():
+            made = runner.batch_stage(Stage.GENERATE, step, lane_of("rollout"), None, generate)
+            added = runner.batch_stage(Stage.ADV, step, lane_of(None), made, advantages, ("scores", "values?"),
+                                       ("advantages",))
+            queued_before_generation_ended = not release.is_set()
+            release.set()
+        assert queued_before_generation_ended and added["advantages"].tolist() == [1.0, 1.0]
+    finally:
+        runner.close()

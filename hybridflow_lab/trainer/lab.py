@@ -54,7 +54,7 @@ from hybridflow_lab.trainer.relayout import Reconfigured, carried_states
 from hybridflow_lab.trainer.replay import Replayed, ReplayError, policy_copy, replay_batch
 from hybridflow_lab.trainer.rollouts_ahead import RolloutsAhead
 from hybridflow_lab.trainer.run_log import MetricsLog
-from hybridflow_lab.trainer.stage_runner import StageRunner, lane_of
+from hybridflow_lab.trainer.stage_runner import OPTIONAL, StageRunner, lane_of
 from hybridflow_lab.trainer.stages import Stage
 from hybridflow_lab.trainer.task_setup import build_task
 from hybridflow_lab.workers import ActorWorker, CriticWorker, RewardModelWorker, rule_scores
@@ -500,9 +500,8 @@ class Lab:
             self.kl.update(kl, len(rows))
             return DataBatch(columns)
 
-        costs = ("costs",) if "costs" in batch else ()
-        reads = ("response_mask", "token_level_scores", "old_log_probs", "ref_log_probs", *costs)
-        writes = ("token_rewards", *(("token_costs",) if costs else ()))
+        reads = ("response_mask", "token_level_scores", "old_log_probs", "ref_log_probs", "costs" + OPTIONAL)
+        writes = ("token_rewards", *(("token_costs",) if "costs" in batch else ()))
         return self._runner.batch_stage(Stage.KL_PENALTY, self.current_step, self._lane(None), batch, penalised,
                                         reads, writes)
 
@@ -528,8 +527,7 @@ class Lab:
             )
             return DataBatch({"advantages": advantages, "returns": returns, penalised: token_rewards})
 
-        optional = [key for key in (penalised, "values", "baseline_scores") if key in batch]
-        reads = ("response_mask", "uid", *(() if penalised in optional else (scores,)), *optional)
+        reads = ("response_mask", "uid", scores, *(key + OPTIONAL for key in (penalised, "values", "baseline_scores")))
         return self._runner.batch_stage(Stage.ADV, self.current_step, self._lane(None), batch, advantages, reads,
                                         writes=("advantages", "returns", penalised))
 

@@ -25,6 +25,7 @@ from hybridflow_lab.trainer.scheduler import CONTROLLER_LANE, StageRun, StageSch
 from hybridflow_lab.trainer.stages import Stage, model_of
 
 T = TypeVar("T")
+OPTIONAL = "?"  # a stage's read ending in it: a column the stage takes when the batch has one
 
 
 class StageRunner:
@@ -82,7 +83,8 @@ class StageRunner:
                     body: Callable[[DataBatch], DataBatch], reads: Sequence[str] | None = None,
                     writes: Iterable[str] | None = None, replaces: bool = False, detached: bool = False,
                     after: Future[Any] | None = None) -> Batch:
-        """Run ``body`` on ``batch``'s columns ``reads`` (None: the whole batch) and add the columns it returns
+        """Run ``body`` on ``batch``'s columns ``reads`` (None: the whole batch; ``"values?"``: ``values`` if the batch
+        has it, looked up when the stage runs) and add the columns it returns
         (``writes``; ``replaces``: it rewrites existing ones); ``batch`` None: ``body`` makes a new batch."""
         added = self.call_stage(stage, step, lane, batch, reads, lambda rows, summary: summary.attach(body(rows)),
                                 detached, after)
@@ -101,7 +103,8 @@ class StageRunner:
         ``overlapped()`` on ``lane`` once those columns exist and ``after`` has finished (a ``Future`` of its
         result; ``detached``: leaving ``overlapped()`` does not wait for it)."""
         span_lane = lane if self.overlapping else ""
-        shown = list(reads) if reads is not None else [WHOLE_BATCH] if batch is not None else []
+        shown = [r.removesuffix(OPTIONAL) for r in reads] if reads is not None else \
+            [WHOLE_BATCH] if batch is not None else []
 
         def run() -> T:
             rows = _inputs(batch, reads, stage)  # waiting for them is not the stage's time
@@ -154,7 +157,10 @@ def _inputs(batch: Batch | None, reads: Sequence[str] | None, stage: Stage) -> D
     if batch is None:
         return DataBatch()
     try:
-        return resolve(batch) if reads is None else batch.select(*reads)
+        if reads is None:
+            return resolve(batch)
+        optional = [r.removesuffix(OPTIONAL) for r in reads if r.endswith(OPTIONAL)]
+        return batch.select(*(r for r in reads if not r.endswith(OPTIONAL)), *(r for r in optional if r in batch))
     except StageNotRun as error:
         raise StageNotRun(f"the {stage.value!r} stage did not run: {error}") from error
     except KeyError as error:
