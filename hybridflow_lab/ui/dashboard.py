@@ -59,9 +59,10 @@ class Dashboard:
         self.sample_step = widgets.Dropdown(description="samples of step", style={"description_width": "initial"})
         self.samples = widgets.HTML()
         self.sample_step.observe(lambda _: self._show_samples(), names="value")
-        self.widget = themed(widgets.VBox([self.status, widgets.HTML("<b>dataflow</b>"), self.graph, self.graph_stage,
-                                    self.graph_detail, self.timeline, self.stage_times, self.curves,
-                                    self.sample_step, self.samples]))
+        self.widget = themed(widgets.VBox([
+            self.status, widgets.HTML("<b>dataflow</b>"), self.graph, self.graph_stage, self.graph_detail,
+            self.timeline, self.stage_times, self.curves, self.sample_step, self.samples,
+        ]))
         self._spans: deque[Span] = deque(lab.telemetry.spans(), maxlen=max_spans)
         self._span_count = len(self._spans)  # spans ever received (the deque forgets the oldest)
         self._drawn_spans = self._drawn_steps = self._drawn_spans_graph = -1
@@ -127,7 +128,7 @@ class Dashboard:
                               self.lab.models, current=self.lab.step_index)
 
     def _show_graph(self) -> None:
-        """Draw the graph with the chosen stage outlined and its details below (the running one when none is)."""
+        """Draw the graph with the chosen stage (``graph_stage``) outlined and what it did below."""
         graph, keys = self._graph, [node.key for node in self._graph.nodes]
         if list(self.graph_stage.options) != keys:
             chosen = self.graph_stage.value
