@@ -131,10 +131,10 @@ def _nodes(finished: list[Span], running: Sequence[Span] = ()) -> list[GraphNode
     """A node per span, in the order they started; a stage called again in the step is ``<stage>#2``..."""
     counts: dict[str, int] = {}
     nodes = []
-    for span in sorted([*finished, *running], key=lambda s: s.t_start):
+    calls = [(span, True) for span in finished] + [(span, False) for span in running]
+    for span, done in sorted(calls, key=lambda call: call[0].t_start):
         counts[span.name] = counts.get(span.name, 0) + 1
         key = span.name if counts[span.name] == 1 else f"{span.name}#{counts[span.name]}"
-        done = span in finished
         nodes.append(GraphNode(key, span.name, span.attrs.get("model", "controller"), span.attrs.get("pool", ""),
                                "done" if done else "running", span.step, span.duration if done else 0.0,
                                int(span.attrs.get("moved", 0)), list(span.attrs.get("reads", [])),

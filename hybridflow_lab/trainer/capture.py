@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from hybridflow_lab.config import ConfigError, LabConfig
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.telemetry import DataflowGraph
+from hybridflow_lab.telemetry.dataflow_graph import NOT_DATAFLOW
 from hybridflow_lab.trainer.stages import Stage
 
 CAPTURES = "captures"
@@ -30,7 +31,7 @@ def captured_stages(config: LabConfig) -> list[str]:
     key for a name that is no stage."""
     names = [name.strip() for name in config.trainer.capture.split(",") if name.strip()]
     if names == [ALL]:
-        return [stage.value for stage in Stage if stage not in (Stage.EVALUATE, Stage.SAVE)]
+        return [stage.value for stage in Stage if stage.value not in NOT_DATAFLOW]
     known = [stage.value for stage in Stage]
     unknown = [name for name in names if name not in known]
     if unknown:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from hybridflow_lab.telemetry import DataflowGraph, Phase, Span, dataflow_graph
+from hybridflow_lab.telemetry import DataflowGraph, Span, dataflow_graph
 from hybridflow_lab.telemetry.dataflow_graph import node_html, to_svg
 from hybridflow_lab.ui import figures
 from hybridflow_lab.ui.theme import themed
@@ -124,8 +124,8 @@ class Dashboard:
 
     def _lab_graph(self) -> DataflowGraph:
         """``lab.graph()`` from the spans this dashboard holds (the training thread owns the store's polling)."""
-        return dataflow_graph([s for s in self._spans if s.phase is Phase.STAGE], self.lab.telemetry.running(),
-                              self.lab.models, current=self.lab.step_index)
+        return dataflow_graph(list(self._spans), self.lab.telemetry.running(), self.lab.models,
+                              current=self.lab.step_index)
 
     def _show_graph(self) -> None:
         """Draw the graph with the chosen stage (``graph_stage``) outlined and what it did below."""

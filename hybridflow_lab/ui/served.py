@@ -14,7 +14,7 @@ from pathlib import Path
 import panel as pn
 
 from hybridflow_lab.exposure import LOOPBACK, checked_bind_address
-from hybridflow_lab.telemetry import Phase, dataflow_graph
+from hybridflow_lab.telemetry import dataflow_graph
 from hybridflow_lab.telemetry.dataflow_graph import to_svg
 from hybridflow_lab.ui import figures
 from hybridflow_lab.ui.run_compare import compare_runs
@@ -36,7 +36,7 @@ def dashboard_app(run_dir: str | os.PathLike[str], period_ms: int = 1000, steps_
     def update() -> None:
         if not run.poll() and timeline.object is not None:
             return
-        graph.object = to_svg(dataflow_graph(s for s in run.spans if s.phase is Phase.STAGE))
+        graph.object = to_svg(dataflow_graph(run.spans))
         timeline.object = figures.timeline(figures.recent_steps(run.spans, steps_shown))
         stage_times.object = figures.stage_times(run.metrics)
         curves.object = figures.curves(run.metrics)
