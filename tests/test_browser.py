@@ -30,7 +30,8 @@ def model_dir(tmp_path_factory):
 
 def steps_shown(page) -> int:
     """The step count in the served dashboard's status line."""
-    text = page.get_by_text(re.compile(r"\d+ steps, \d+ spans")).first.inner_text(timeout=20_000)
+    # text_content is what the pattern matched; inner_text once came back without the count (a flaky read)
+    text = page.get_by_text(re.compile(r"\d+ steps, \d+ spans")).first.text_content(timeout=20_000)
     return int(re.search(r"(\d+) steps", text).group(1))
 
 
