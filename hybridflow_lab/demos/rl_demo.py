@@ -60,9 +60,12 @@ def quiet_ray() -> None:
     init_cluster(logging_level=logging.ERROR)
 
 
-def rl_lab(root: Path, demo: DemoTask, seed: int, steps: int, run: str = "grpo", *extra: str) -> Lab:
-    """The demo's RL run from the warm start in ``root`` (``extra`` overrides on top), in ``root / run``."""
-    return Lab(demo.preset, overrides=(f"actor.model_path={root / 'sft'}", f"trainer.run_dir={root / run}",
+def rl_lab(root: Path, demo: DemoTask, seed: int, steps: int, run: str = "grpo", *extra: str,
+           model_dir: Path | None = None) -> Lab:
+    """The demo's RL run from the warm start in ``root`` (or ``model_dir``; ``extra`` overrides on top), in
+    ``root / run``."""
+    model_dir = root / "sft" if model_dir is None else model_dir
+    return Lab(demo.preset, overrides=(f"actor.model_path={model_dir}", f"trainer.run_dir={root / run}",
                                        f"trainer.steps={steps}", "trainer.eval_every=50", f"seed={seed}", *extra))
 
 
