@@ -38,6 +38,14 @@ def test_figures_shown_as_images_exist_and_come_from_a_tagged_cell(path):
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=lambda p: p.name)
+def test_relative_links_resolve(path):
+    cells = nbformat.read(path, as_version=4).cells
+    links = {link for cell in cells if cell.cell_type == "markdown"
+             for link in re.findall(r"\]\((\.\./[^)#]+)", cell.source)}
+    assert [link for link in links if not (path.parent / link).exists()] == []
+
+
+@pytest.mark.parametrize("path", TUTORIALS, ids=lambda p: p.name)
 def test_exercises_have_a_collapsed_solution_that_checks_the_readers_answer(path):
     cells = nbformat.read(path, as_version=4).cells
     exercises = [i for i, cell in enumerate(cells) if cell.cell_type == "markdown"
