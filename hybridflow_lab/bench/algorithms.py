@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hybridflow_lab.demos.rl_demo import DEMO_TASKS, eval_curve, quiet_ray, rl_lab, warm_start
+from hybridflow_lab.demos.rl_demo import DEMO_TASKS, eval_curve, quiet_ray, rl_lab
+from hybridflow_lab.demos.warm_cache import cached_warm_start
 
 RUNS: dict[str, tuple[str, ...]] = {
     "grpo": (),
@@ -30,13 +31,13 @@ def run(steps: int = 300, runs: tuple[str, ...] = tuple(RUNS), task: str = "sort
     demo = DEMO_TASKS[task]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        warm = warm_start(root, demo, seed)
+        model_dir, warm = cached_warm_start(task, seed)
         quiet_ray()
         report: dict[str, Any] = {"task": demo.description, "seed": seed, "steps": steps,
                                   "sft_steps": warm["sft/steps"], "sft_final_loss": round(warm["sft/final_loss"], 4),
                                   "runs": {}}
         for name in runs:
-            lab = rl_lab(root, demo, seed, steps, name, "trainer.progress=false", *RUNS[name])
+            lab = rl_lab(root, demo, seed, steps, name, "trainer.progress=false", *RUNS[name], model_dir=model_dir)
             before = lab.evaluate()["eval/accuracy"]
             start = time.perf_counter()
             history = lab.run()

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow_lab.bench.e2e import standard_lab
-from hybridflow_lab.demos.rl_demo import DEMO_TASKS, eval_curve, quiet_ray, rl_lab, warm_start
+from hybridflow_lab.demos.rl_demo import DEMO_TASKS, eval_curve, quiet_ray, rl_lab
+from hybridflow_lab.demos.warm_cache import cached_warm_start
 
 SPLIT = ("actor.ranks=1", "rollout.pool=rollout", "rollout.ranks=1")  # training on one rank, generation on another
 THROUGHPUT = ("rollout.max_new_tokens=256", "rollout.ignore_eos=false", "batch.micro_batch_sequences_per_rank=16",
@@ -78,11 +79,11 @@ def curves(steps: int, eval_every: int, staleness: tuple[int, ...], seed: int) -
     demo = DEMO_TASKS["sorting"]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        warm = warm_start(root, demo, seed)
+        model_dir, warm = cached_warm_start("sorting", seed)
         out: dict[str, Any] = {"task": demo.description, "seed": seed, "sft_steps": warm["sft/steps"], "runs": {}}
         for k in staleness:
             lab = rl_lab(root, demo, seed, steps, f"staleness{k}", "trainer.progress=false",
-                         f"trainer.eval_every={eval_every}", *SPLIT, f"rollout.max_staleness={k}")
+                         f"trainer.eval_every={eval_every}", *SPLIT, f"rollout.max_staleness={k}", model_dir=model_dir)
             try:
                 before = lab.evaluate()["eval/accuracy"]
                 start = time.perf_counter()
