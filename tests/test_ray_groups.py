@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import time
 
 import pytest
@@ -114,3 +115,30 @@ def test_a_local_rays_start_up_lines_go_to_the_log_file_not_to_the_notebook(tmp_
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]
     assert "Started a local Ray instance" not in done.stderr and "Token authentication" not in done.stderr
     assert "Started a local Ray instance" in (tmp_path / "ray.log").read_text()
+
+
+def test_after_ray_starts_a_breakpoint_in_a_local_worker_opens_pdb_in_the_controller(tmp_path):
+    import subprocess
+    import sys
+
+    # pdb reads "p self.tag" and "c" from stdin; Ray's driver hook would instead wait for an IDE to attach
+    script = tmp_path / "stop.py"
+    script.write_text(
+        "import os\n"
+        "from hybridflow_lab.controller import Dispatch, ResourcePool, Role, Worker, WorkerGroup, init_cluster, "
+        "register\n"
+        "class Stops(Worker):\n"
+        "    tag = 'inside the worker'\n"
+        "    @register(Dispatch.ONE_TO_ALL)\n"
+        "    def stop(self):\n"
+        "        breakpoint()\n"
+        "        return self.rank\n"
+        "before = os.environ.get('PYTHONBREAKPOINT')\n"
+        "init_cluster(num_cpus=2)\n"
+        "assert os.environ.get('PYTHONBREAKPOINT') == before, os.environ.get('PYTHONBREAKPOINT')\n"
+        "print('ranks', WorkerGroup(Role(Stops), ResourcePool(1), backend='local').stop())\n")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONBREAKPOINT"}
+    done = subprocess.run([sys.executable, str(script)], input="p self.tag\nc\n", capture_output=True, text=True,
+                          timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "'inside the worker'" in done.stdout and "ranks [0]" in done.stdout, done.stdout[-2000:]

@@ -15,6 +15,7 @@ from hybridflow_lab.exposure import LOOPBACK, ExposureRefused, checked_bind_addr
 ADDRESS_ENV = "HYBRIDFLOW_RAY_ADDRESS"
 AUTH_MODE_ENV = "RAY_AUTH_MODE"  # Ray's switch for token authentication: "token" (a local default) or "disabled"
 NAMESPACE = "hybridflow_lab"
+BREAKPOINT_ENV = "PYTHONBREAKPOINT"
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +41,28 @@ def init_cluster(address: str | None = None, num_cpus: int | None = None, expose
     note) are appended there instead of printed (a notebook cell shows only the run's output).
     """
     if not ray.is_initialized():
-        with ray_log_to(log_file):
+        with ray_log_to(log_file), controller_breakpoints_kept():
             _start(address, num_cpus, expose_dashboard, ray_init)
     return ray.cluster_resources()
+
+
+@contextmanager
+def controller_breakpoints_kept() -> Iterator[None]:
+    """Keep this process's ``PYTHONBREAKPOINT`` through ``ray.init``.
+
+    ``ray.init`` points the driver's ``breakpoint()`` at Ray's debugger, which (with Ray's default ``RAY_DEBUG=1``)
+    listens for an IDE and blocks until one attaches. The driver here is the controller, usually a notebook
+    kernel, where a ``breakpoint()`` in a cell or in a local-backend worker must open pdb in the notebook. Ray's
+    worker processes set their own hook and keep Ray's debugger.
+    """
+    saved = os.environ.get(BREAKPOINT_ENV)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(BREAKPOINT_ENV, None)
+        else:
+            os.environ[BREAKPOINT_ENV] = saved
 
 
 def _start(address: str | None, num_cpus: int | None, expose_dashboard: bool, ray_init: dict[str, Any]) -> None:
