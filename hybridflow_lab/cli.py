@@ -115,7 +115,8 @@ def _dashboard(args: argparse.Namespace) -> None:
 
 
 QUICK_BENCH = {
-    "async": {"steps": 1, "warmup": 1, "rounds": 1, "curve_steps": 2, "eval_every": 1, "staleness": (0, 1)},
+    "async": {"steps": 1, "warmup": 1, "rounds": 1, "curve_steps": 2, "eval_every": 1, "staleness": (0, 1),
+              "new_tokens": 32},
     "algorithms": {"steps": 2, "runs": ("grpo", "gspo")},
     "dispatch": {"workers": (1, 2), "payloads": (0, 1 << 20), "repeats": 3},
     "rollout": {"size": "tiny", "prompts": 8, "new_tokens": 8, "repeats": 1},

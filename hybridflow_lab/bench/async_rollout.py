@@ -1,7 +1,7 @@
 """``hybridflow-lab bench async``: generation running ahead of training (``rollout.max_staleness``) against the
 synchronous loop, on the same placement, in one run.
 
-Throughput: the standard model generating up to 256 tokens per response, stopping at its end-of-sequence token
+Throughput: the standard model generating up to ``new_tokens`` (256) per response, stopping at its end-of-sequence token
 (the random policy stops at ~1% a token, so lengths vary from a few tokens to the cap), GRPO; the actor
 trains on one Ray rank and a rollout group of its own generates on another. ``sync_tok_s`` is the on-policy
 loop (staleness 0: generation waits for each update, training waits for generation), ``async_tok_s`` staleness
@@ -26,23 +26,23 @@ from hybridflow_lab.demos.rl_demo import DEMO_TASKS, eval_curve, quiet_ray, rl_l
 from hybridflow_lab.demos.warm_cache import cached_warm_start
 
 SPLIT = ("actor.ranks=1", "rollout.pool=rollout", "rollout.ranks=1")  # training on one rank, generation on another
-THROUGHPUT = ("rollout.max_new_tokens=256", "rollout.ignore_eos=false", "batch.micro_batch_sequences_per_rank=16",
-              "algorithm.kl_loss_coef=0.0")
+THROUGHPUT = ("rollout.ignore_eos=false", "batch.micro_batch_sequences_per_rank=16", "algorithm.kl_loss_coef=0.0")
 GOAL = 1.3  # async tokens/s over the synchronous loop's
 
 
 def run(steps: int = 6, warmup: int = 2, rounds: int = 2, curve_steps: int = 200, eval_every: int = 25,
-        staleness: tuple[int, ...] = (0, 1, 2), seed: int = 0) -> dict[str, Any]:
+        staleness: tuple[int, ...] = (0, 1, 2), seed: int = 0, new_tokens: int = 256) -> dict[str, Any]:
     quiet_ray()
     settings = {"sync": (*SPLIT, "rollout.max_staleness=0"), "async": (*SPLIT, "rollout.max_staleness=1"),
                 "colocated_sync": ("actor.ranks=2",)}
     measured: dict[str, list[tuple[float, float, list[float]]]] = {name: [] for name in settings}
     for round_index in range(rounds):
         for name in settings if round_index % 2 == 0 else list(settings)[::-1]:
-            measured[name].append(tokens_per_second(settings[name], steps, warmup))
+            measured[name].append(tokens_per_second((*settings[name], f"rollout.max_new_tokens={new_tokens}"), steps,
+                                                    warmup))
     rates = {name: sum(t for t, _, _ in runs) / sum(s for _, s, _ in runs) for name, runs in measured.items()}
     report: dict[str, Any] = {
-        "bench": "async", "workload": "standard model, up to 256 response tokens (EOS stops), 16 prompts x 4",
+        "bench": "async", "workload": f"standard model, up to {new_tokens} response tokens (EOS stops), 16 prompts x 4",
         "steps": steps, "rounds": rounds,
         "sync_tok_s": round(rates["sync"], 1), "async_tok_s": round(rates["async"], 1),
         "ratio": round(rates["async"] / rates["sync"], 3), "goal": GOAL,
