@@ -35,8 +35,8 @@ def execute(path: Path, timeout_s: int) -> nbformat.NotebookNode:
     notebook = nbformat.read(path, as_version=4)
     # figures carry both their JSON (for the PNG) and an HTML page with plotly.js inlined (for the HTML copy)
     os.environ["PLOTLY_RENDERER"] = "plotly_mimetype+notebook"
-    NotebookClient(notebook, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(path.resolve().parent)}}
-                   ).execute()
+    where = {"metadata": {"path": str(path.resolve().parent)}}
+    NotebookClient(notebook, timeout=timeout_s, kernel_name="python3", resources=where).execute()
     return notebook
 
 
