@@ -22,7 +22,7 @@ import nbformat
 import plotly.graph_objects as go
 from nbclient import NotebookClient
 from nbconvert import HTMLExporter
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import Page, sync_playwright
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURE_TAG = "figure:"
@@ -56,7 +56,7 @@ def tagged_figures(notebook: nbformat.NotebookNode) -> dict[str, dict]:
     return figures
 
 
-def save_png(data: dict, target: Path, page) -> None:
+def save_png(data: dict, target: Path, page: Page) -> None:
     """Write a figure output as a PNG: a PNG as it is, a plotly figure drawn by chromium at its own size."""
     if "image/png" in data:
         target.write_bytes(base64.b64decode(data["image/png"]))
