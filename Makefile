@@ -67,7 +67,7 @@ test-vllm: $(VLLM_VENV)/.vllm
 # Executed copies of the tutorials (build/tutorials/*.html, every output kept) and the figures their markdown
 # shows (docs/images/tutorialNN-*.png, from the cells tagged figure:<name>).
 tutorials-html: $(VENV)/.browser $(VENV)/.models
-	$(PY) scripts/render_tutorials.py
+	PYTHONPATH=. $(PY) scripts/render_tutorials.py
 
 test-fast: $(VENV)/.test
 	$(BIN)/pytest -q -m "not slow"

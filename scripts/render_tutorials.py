@@ -5,7 +5,9 @@ copy is written as ``<html-dir>/<name>.html`` (plotly figures stay interactive).
 ``figure:<image>`` has its figure output saved as ``<image-dir>/<image>.png`` through chromium, so that the
 tutorials' markdown and the docs can show it to a reader who does not run the notebook.
 
-    python scripts/render_tutorials.py [NOTEBOOK ...] [--html-dir build/tutorials] [--image-dir docs/images]
+    PYTHONPATH=. python scripts/render_tutorials.py [NOTEBOOK ...] [--html-dir DIR] [--image-dir DIR]
+
+Chromium is launched the way the browser tests launch it (``tests/browser.py``), hence the ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import argparse
 import base64
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,19 +23,18 @@ import nbformat
 import plotly.graph_objects as go
 from nbclient import NotebookClient
 from nbconvert import HTMLExporter
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Page
+
+from tests.browser import browser_page
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURE_TAG = "figure:"
 PLOTLY_JSON = "application/vnd.plotly.v1+json"
-CHROMIUM = "/usr/bin/chromium"
 
 
 def execute(path: Path, timeout_s: int) -> nbformat.NotebookNode:
     """``path`` run top to bottom in a fresh kernel, in its own directory (as JupyterLab and nbval run it)."""
     notebook = nbformat.read(path, as_version=4)
-    # figures carry both their JSON (for the PNG) and an HTML page with plotly.js inlined (for the HTML copy)
-    os.environ["PLOTLY_RENDERER"] = "plotly_mimetype+notebook"
     where = {"metadata": {"path": str(path.resolve().parent)}}
     NotebookClient(notebook, timeout=timeout_s, kernel_name="python3", resources=where).execute()
     return notebook
@@ -63,14 +63,11 @@ def save_png(data: dict, target: Path, page: Page) -> None:
         return
     figure = go.Figure(data[PLOTLY_JSON])
     width, height = figure.layout.width or 1000, figure.layout.height or 520
-    with tempfile.NamedTemporaryFile("w", suffix=".html", delete=False) as page_file:
-        page_file.write(figure.to_html(include_plotlyjs=True, full_html=True, default_width=f"{width}px",
-                                       default_height=f"{height}px", config={"displayModeBar": False}))
     page.set_viewport_size({"width": width + 40, "height": height + 40})
-    page.goto(Path(page_file.name).as_uri())
+    page.set_content(figure.to_html(include_plotlyjs=True, full_html=True, default_width=f"{width}px",
+                                    default_height=f"{height}px", config={"displayModeBar": False}))
     page.wait_for_selector(".main-svg")
     page.locator(".js-plotly-plot").first.screenshot(path=str(target))
-    os.unlink(page_file.name)
 
 
 def main() -> None:
@@ -83,9 +80,9 @@ def main() -> None:
     notebooks = args.notebooks or sorted((ROOT / "tutorials").glob("*.ipynb"))
     args.html_dir.mkdir(parents=True, exist_ok=True)
     exporter = HTMLExporter(template_name="lab")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM)
-        page = browser.new_page(device_scale_factor=1)
+    # the kernels' figures carry their JSON (for the PNG) and an HTML page with plotly.js inlined (the HTML copy)
+    os.environ["PLOTLY_RENDERER"] = "plotly_mimetype+notebook"
+    with browser_page("render-tutorials") as page:
         for path in notebooks:
             start = time.perf_counter()
             notebook = execute(path, args.timeout_s)
@@ -95,7 +92,6 @@ def main() -> None:
                 save_png(data, args.image_dir / f"{name}.png", page)
                 print(f"  {args.image_dir / name}.png")
             print(f"{path.name}: {time.perf_counter() - start:.0f} s -> {args.html_dir / path.stem}.html", flush=True)
-        browser.close()
 
 
 if __name__ == "__main__":
