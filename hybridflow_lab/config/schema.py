@@ -48,6 +48,7 @@ class EngineConfig:
     offload: bool = False
     bf16: bool = False
     gradient_checkpointing: bool = False  # recompute each decoder layer's activations in the backward pass
+    remove_padding: bool = True  # passes over the real tokens only (packed; verl's use_remove_padding)
 
 
 @dataclass

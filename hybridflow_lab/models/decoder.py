@@ -19,6 +19,7 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from hybridflow_lab.models.kv_cache import KVCache
+from hybridflow_lab.models.packing import Packing
 from hybridflow_lab.models.tensor_parallel import (
     SINGLE,
     TensorParallel,
@@ -111,23 +112,30 @@ class Attention(nn.Module):
         mask: torch.Tensor | None,
         cache: KVCache | None,
         layer: int,
+        packing: Packing | None = None,
     ) -> torch.Tensor:
-        batch, length, _ = x.shape
         x = copy_to_parallel(x, self.tp)
-        q = self.q_proj(x).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        # [..., tokens, heads, dim]; rotated before heads move in front, so packed and padded inputs share the code
+        q = self.q_proj(x).unflatten(-1, (self.heads, self.head_dim))
+        k = self.k_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))
+        v = self.v_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if packing is not None:
+            q, k, v = (packing.to_attention_layout(t) for t in (q, k, v))
+            mask = packing.mask
+        else:
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if cache is not None:
             k, v = cache.append(layer, k, v)
-        if length == 1:
+        if q.shape[2] == 1:
             out = decode_attention(q, k, v, mask)
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=self.kv_heads != self.heads
             )
-        return reduce_from_parallel(self.o_proj(out.transpose(1, 2).reshape(batch, length, -1)), self.tp)
+        out = packing.from_attention_layout(out) if packing is not None else out.transpose(1, 2).flatten(2)
+        return reduce_from_parallel(self.o_proj(out), self.tp)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -171,8 +179,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-                cache: KVCache | None, layer: int) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer)
+                cache: KVCache | None, layer: int, packing: Packing | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, packing)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -196,8 +204,9 @@ class Backbone(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        packing: Packing | None = None,
     ) -> torch.Tensor:
-        """Hidden states ``[batch, length, hidden]``.
+        """Hidden states ``[batch, length, hidden]``; with ``packing``, ``[tokens, hidden]`` for the real tokens.
 
         Without a cache, ``attention_mask`` (1 = real token) may mark left and right padding;
         positions then count real tokens only. With a cache, the cache tracks masks and positions.
@@ -207,15 +216,17 @@ class Backbone(nn.Module):
         else:
             if position_ids is None:
                 position_ids = positions_from_mask(attention_mask, input_ids)
-            mask = padded_causal_mask(attention_mask, input_ids.shape[1])
+            mask = None if packing is not None else padded_causal_mask(attention_mask, input_ids.shape[1])
+        if packing is not None:
+            input_ids, position_ids = packing.pack(input_ids), packing.pack(position_ids)
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(position_ids, x.dtype)
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for index, layer in enumerate(self.layers):
             if recompute:
-                x = checkpoint(layer, x, cos, sin, mask, cache, index, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, mask, cache, index, packing, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, mask, cache, index)
+                x = layer(x, cos, sin, mask, cache, index, packing)
         return self.norm(x)
 
 
@@ -238,10 +249,16 @@ class DecoderLM(nn.Module):
         position_ids: torch.Tensor | None = None,
         cache: KVCache | None = None,
         keep_last: int = 0,
+        packing: Packing | None = None,
     ) -> torch.Tensor:
-        """Logits ``[batch, length, vocab]``; only the last ``keep_last`` positions when it is > 0."""
-        hidden = self.model(input_ids, attention_mask, position_ids, cache)
-        hidden = copy_to_parallel(hidden[:, -keep_last:] if keep_last else hidden, self.tp)
+        """Logits ``[batch, length, vocab]``; only the last ``keep_last`` positions when it is > 0. With
+        ``packing``, ``[outputs, vocab]`` for the packed tokens ``packing.outputs`` names."""
+        hidden = self.model(input_ids, attention_mask, position_ids, cache, packing)
+        if packing is not None:
+            hidden = packing.select_outputs(hidden)
+        elif keep_last:
+            hidden = hidden[:, -keep_last:]
+        hidden = copy_to_parallel(hidden, self.tp)
         return gather_last_dim(self.lm_head(hidden), self.tp)
 
 

@@ -15,10 +15,11 @@ from transformers import PretrainedConfig
 
 from hybridflow_lab.models.decoder import Backbone, init_weights
 from hybridflow_lab.models.factory import load_config, load_matching, read_weights
+from hybridflow_lab.models.packing import Packing
 
 
 class ScalarHeadModel(nn.Module):
-    """``forward`` gives one scalar per position ``[batch, length]``."""
+    """``forward`` gives one scalar per position ``[batch, length]`` (with ``packing``, per output ``[outputs]``)."""
 
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
@@ -27,8 +28,11 @@ class ScalarHeadModel(nn.Module):
         self.score = nn.Linear(config.hidden_size, 1, bias=False)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.score(self.model(input_ids, attention_mask, position_ids)).squeeze(-1)
+                position_ids: torch.Tensor | None = None, packing: Packing | None = None) -> torch.Tensor:
+        hidden = self.model(input_ids, attention_mask, position_ids, packing=packing)
+        if packing is not None:
+            hidden = packing.select_outputs(hidden)
+        return self.score(hidden).squeeze(-1)
 
 
 def scalar_config(config: PretrainedConfig) -> PretrainedConfig:

@@ -142,10 +142,10 @@ class ActorWorker(TrainedRole):
 
     def _log_probs(self, model: torch.nn.Module, batch: DataBatch, with_entropy: bool) -> DataBatch:
         size = self.config.batch.micro_batch_sequences_per_rank
-        temperature = self.config.rollout.temperature
+        temperature, remove_padding = self.config.rollout.temperature, self.config.actor.engine.remove_padding
 
         def forward(module: torch.nn.Module, micro: DataBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-            return response_log_probs(module, micro, temperature, with_entropy)
+            return response_log_probs(module, micro, temperature, with_entropy, remove_padding)
 
         micros = micro_batches(batch, size)
         if model is self.engine.module:

@@ -22,14 +22,15 @@ from hybridflow_lab.workers.batching import TokenLoss
 def actor_token_loss(config: LabConfig, policy_loss: PolicyLoss, kl_coef: float
                      ) -> Callable[[torch.nn.Module, DataBatch], TokenLoss]:
     """The loss of a micro-batch under ``config``'s algorithm settings (see ``ActorWorker.update_actor``)."""
-    algorithm, temperature = config.algorithm, config.rollout.temperature
+    algorithm, temperature, remove_padding = config.algorithm, config.rollout.temperature, \
+        config.actor.engine.remove_padding
     tis = is_level(algorithm.rollout_is, config.rollout.max_staleness > 0, algorithm.rollout_mask)
     options = {key: getattr(algorithm, key) for key in POLICY_LOSS_KEYWORDS}
     options["dual_clip"] = options["dual_clip"] or None
 
     def loss(module: torch.nn.Module, micro: DataBatch) -> TokenLoss:
         mask = micro["response_mask"]
-        log_probs, entropy = response_log_probs(module, micro, temperature, with_entropy=True)
+        log_probs, entropy = response_log_probs(module, micro, temperature, True, remove_padding)
         old_log_probs = micro["old_log_probs"] if "old_log_probs" in micro else log_probs.detach()
         token_loss, diagnostics = policy_loss(log_probs, old_log_probs, micro["advantages"], mask, **options)
         out = TokenLoss(token_loss, means={"entropy": entropy.detach(), **diagnostics})

@@ -27,11 +27,14 @@ class CriticWorker(TrainedRole):
         model = load_scalar_model(config.critic.model_path or config.actor.model_path, seed=config.seed)
         self.engine = self.build_engine(config.critic, model, state=state)
 
+    def _values(self, module: torch.nn.Module, batch: DataBatch) -> torch.Tensor:
+        return response_values(module, batch, self.config.critic.engine.remove_padding)
+
     @register(Dispatch.DP_COMPUTE)
     def compute_values(self, batch: DataBatch) -> DataBatch:
         """``values`` ``[rows, response length]``: the value of the state before each response token."""
         parts = self.engine.infer(micro_batches(batch, self.config.batch.micro_batch_sequences_per_rank),
-                                  response_values)
+                                  self._values)
         return DataBatch({"values": torch.cat(parts) * batch["response_mask"]})
 
     @register(Dispatch.DP_COMPUTE)
@@ -40,7 +43,7 @@ class CriticWorker(TrainedRole):
         clip = self.config.algorithm.value_clip
 
         def loss(module: torch.nn.Module, micro: DataBatch) -> TokenLoss:
-            value_loss, diagnostics = clipped_value_loss(response_values(module, micro), micro["values"],
+            value_loss, diagnostics = clipped_value_loss(self._values(module, micro), micro["values"],
                                                          micro["returns"], micro["response_mask"], clip)
             return TokenLoss(value_loss, means=diagnostics)
 
