@@ -188,16 +188,19 @@ def _ranked_plans(args: argparse.Namespace, profile: Any) -> dict[str, Any]:
             "plans": [plan.to_dict() for plan in plans]}
 
 
+BENCH_OPTIONS = {"minutes": "soak", "workload": "e2e", "peer": "e2e", "engine": "e2e"}  # options of one bench only
 BENCH_MODULES = {"async": "async_rollout"}  # a bench whose name is not its module's (``async`` is a keyword)
 
 
 def _bench(args: argparse.Namespace) -> None:
     module = importlib.import_module(f"hybridflow_lab.bench.{BENCH_MODULES.get(args.what, args.what)}")
     options = dict(QUICK_BENCH[args.what]) if args.quick else {}
-    if args.minutes is not None:
-        if args.what != "soak":
-            raise SystemExit("hybridflow-lab bench: error: --minutes is for the soak bench only")
-        options["minutes"] = args.minutes
+    for option, bench in BENCH_OPTIONS.items():
+        value = getattr(args, option)
+        if value is not None:
+            if args.what != bench:
+                raise SystemExit(f"hybridflow-lab bench: error: --{option} is for the {bench} bench only")
+            options[option] = value
     report = module.run(**options)
     text = json.dumps(report, indent=2)
     print(text)
@@ -304,6 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("what", choices=sorted(QUICK_BENCH))
     bench.add_argument("--quick", action="store_true", help="a small, fast configuration (for smoke tests)")
     bench.add_argument("--minutes", type=float, help="soak: how long to run (default 10)")
+    bench.add_argument("--workload", choices=["standard", "natural", "smollm2"],
+                       help="e2e: what to run (default standard; see hybridflow_lab/bench/e2e.py)")
+    bench.add_argument("--peer", help="e2e: a virtualenv with TRL (make bench-trl: .venv-trl) to run the same workload "
+                                      "in right after")
+    bench.add_argument("--engine", choices=["deepspeed", "torch", "fsdp"], help="e2e: the actor's training engine "
+                                                                              "(default deepspeed)")
     bench.add_argument("--out", help="also write the JSON to this file")
     bench.set_defaults(run=_bench)
     return parser

@@ -90,6 +90,25 @@ def test_bench_algorithms_runs_each_algorithm_from_the_same_warm_start():
     assert report["runs"]["gspo"]["overrides"] == ["algorithm.policy_loss=gspo"]
 
 
+def test_bench_e2e_natural_workload_counts_the_real_tokens_of_its_forced_lengths(tmp_path):
+    from hybridflow_lab.bench.e2e import NATURAL_LENGTHS
+
+    report = json.loads(run_cli("bench", "e2e", "--quick", "--workload", "natural", "--engine", "torch"))
+    assert report["workload"] == "natural" and report["engine"] == "torch"
+    assert report["tokens_counted"] == "real prompt + response tokens"
+    prompt_tokens = report["tokens_per_step"] / 64 - sum(NATURAL_LENGTHS) / len(NATURAL_LENGTHS)
+    assert 4 <= prompt_tokens <= 8  # 'a+b=' with a, b < 1000, no padding counted
+    assert report["step_gflop"] == pytest.approx(2 * 5 * 3_936_512 * report["tokens_per_step"] / 1e9, abs=0.1)
+    assert set(report["stage_flop_fraction"]) == {"generate", "ref", "update_actor"}
+    assert all(0 < f < 1.5 for f in report["stage_flop_fraction"].values())
+    missing = subprocess.run([sys.executable, "-m", "hybridflow_lab.cli", "bench", "e2e", "--quick", "--peer",
+                              str(tmp_path / "no-venv")], capture_output=True, text=True, timeout=600)
+    assert missing.returncode != 0 and "make bench-trl" in missing.stderr
+    wrong = subprocess.run([sys.executable, "-m", "hybridflow_lab.cli", "bench", "rollout", "--workload", "natural"],
+                           capture_output=True, text=True, timeout=60)
+    assert wrong.returncode != 0 and "--workload is for the e2e bench only" in wrong.stderr
+
+
 def test_bench_dashboard_compares_steps_with_and_without_a_live_dashboard():
     report = json.loads(run_cli("bench", "dashboard", "--quick"))
     assert report["steps_each"] == 1 and report["redraws"] >= 1 and report["redraw_s_total"] > 0

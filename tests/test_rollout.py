@@ -86,6 +86,21 @@ def test_stopping_masks_the_rest_and_leaves_other_rows_alone(model):
         assert (out["log_probs"][row, length:] == 0).all()
 
 
+def test_forced_lengths_end_each_row_with_eos_at_its_scheduled_length(model):
+    """Row i stops after forced_lengths[i % len] tokens, the last one EOS and no EOS before, whatever it samples."""
+    params = SamplingParams(max_new_tokens=9, n=3, seed=2, forced_lengths=(9, 1, 4))
+    out = run(model, params)
+    lengths = out["response_mask"].sum(1).tolist()
+    assert lengths == [9, 1, 4] * len(PROMPTS)
+    for row, length in enumerate(lengths):
+        eos = (out["responses"][row] == TOKENIZER.eos_token_id).nonzero().squeeze(-1).tolist()
+        assert eos == [length - 1]
+    with pytest.raises(ValueError, match="ignore_eos=False"):
+        SamplingParams(forced_lengths=(3,), ignore_eos=True)
+    with pytest.raises(ValueError, match=r"forced_lengths must each be in \[1, max_new_tokens\]"):
+        SamplingParams(max_new_tokens=4, forced_lengths=(5,))
+
+
 def test_bad_sampling_parameters_are_named():
     with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
         SamplingParams(top_p=0)

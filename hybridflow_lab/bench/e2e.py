@@ -1,18 +1,33 @@
-"""``hybridflow-lab bench e2e``: end-to-end RL throughput on the standard workload, the paper's metric.
+"""``hybridflow-lab bench e2e``: end-to-end RL throughput, the paper's metric, beside TRL's in the same run.
 
-Standard workload: Qwen2 architecture (hidden 256, 4 layers, 4 heads, 2 KV heads, intermediate
-1024, float32, character tokenizer); ``a+b=`` prompts (a, b < 1000) left-padded to 16 tokens; GRPO
-with 16 prompts x 4 samples; every response exactly 64 tokens; one optimizer step per batch (so the
-update's own forward pass gives the old log-probs); KL 0.04 to the reference. Tokens per step =
-64 x (16 + 64) = 5120. Also reported: the share of this machine's matmul roofline the step achieves
-(FLOPs the stages must do over a matmul rate measured in the same run).
+Every workload is GRPO with 16 prompts x 4 samples, one optimizer step per batch (so the update's own
+forward pass gives the old log-probs) and KL 0.04 to the reference:
+
+- ``standard``: Qwen2 architecture (hidden 256, 4 layers, 4 heads, 2 KV heads, intermediate 1024,
+  float32, character tokenizer); ``a+b=`` prompts (a, b < 1000) left-padded to 16 tokens; every
+  response exactly 64 tokens. Tokens per step = 64 x (16 + 64) = 5120 positions, padding included.
+- ``natural``: the same model and prompts; each response ends with EOS after its length in a fixed
+  per-row schedule (``NATURAL_LENGTHS``, 2 to 128 tokens) so that both sides do the same work; the
+  tokens counted are the real ones, prompt and response (verl's ``attention_mask.sum()``).
+- ``smollm2``: SmolLM2-135M-Instruct (``make models``), fully fine-tuned; ``a+b=`` prompts through its
+  chat template; 64 forced response tokens; real tokens counted.
+
+Reported beside the tokens/s: each stage's median seconds, each stage's FLOPs over its time and this
+machine's matmul rate (``stage_flop_fraction``), the step's share of that roofline, and with ``peer`` (a
+virtualenv holding TRL, ``make bench-trl``) TRL's ``GRPOTrainer`` on the same workload, run right after
+(``peer_tok_s``, ``ratio_vs_peer``).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +36,9 @@ from hybridflow_lab.models import create_model_dir, describe, load_causal_lm
 from hybridflow_lab.trainer.lab import Lab
 
 STAGES = ("generate", "reward", "old_log_prob", "ref", "adv", "update_actor")
+FORWARDS = {"generate": 1, "old_log_prob": 1, "ref": 1, "update_actor": 3}  # backward = two forwards
+NATURAL_LENGTHS = (2, 3, 5, 8, 12, 17, 23, 30, 38, 47, 57, 68, 80, 94, 110, 128)  # mean 45.1; divides 32 rows
+PEER_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "trl_grpo.py"
 
 
 def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
@@ -48,28 +66,106 @@ def standard_lab(tmp: str, ranks: int = 2, engine: str = "deepspeed", backend: s
     ))
 
 
-def run(steps: int = 8, warmup: int = 2, ranks: int = 2, engine: str = "deepspeed",
-        backend: str = "ray") -> dict[str, Any]:
+def smollm2_dir(tmp: str) -> Path:
+    """The packaged SmolLM2-135M-Instruct imported as an HF directory under ``tmp``."""
+    from hybridflow_lab.models.gguf_import import import_gguf, packaged_model_file
+
+    return import_gguf(packaged_model_file("smollm2"), Path(tmp) / "smollm2").path
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A workload's Lab settings beyond the standard ones, and how its tokens are counted."""
+
+    overrides: tuple[str, ...] = ()
+    model: Callable[[str], Path] | None = None  # None: the standard model
+    real_tokens: bool = True  # count the real tokens (else the standard workload's fixed 5120 positions)
+    steps: int = 8
+    warmup: int = 2
+
+
+WORKLOADS = {
+    "standard": Workload(real_tokens=False),
+    "natural": Workload(("rollout.ignore_eos=false", f"rollout.forced_lengths={list(NATURAL_LENGTHS)}",
+                         f"rollout.max_new_tokens={max(NATURAL_LENGTHS)}")),
+    "smollm2": Workload(("rollout.max_prompt_tokens=48", "rollout.pad_prompts=false", "task.chat_template=true"),
+                        smollm2_dir, steps=3, warmup=1),
+}
+
+
+def step_tokens(metrics: dict[str, float], rows: int, real: bool) -> float:
+    """Tokens one step counts: real prompt and response tokens, or the standard workload's positions."""
+    if not real:
+        return rows * (16 + 64)
+    return rows * (metrics["prompt_length/mean"] + metrics["response_length/mean"])
+
+
+def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, engine: str = "deepspeed",
+        backend: str = "ray", workload: str = "standard", peer: str | None = None) -> dict[str, Any]:
+    """``steps`` measured RL steps of ``workload`` after ``warmup`` (default: the workload's), then with
+    ``peer`` TRL's on the same workload; one JSON-ready report."""
+    spec = WORKLOADS[workload]
+    steps, warmup = steps or spec.steps, warmup if warmup is not None else spec.warmup
+    command = peer_command(peer, workload, steps, warmup) if peer else None  # a bad peer fails before any run
     with tempfile.TemporaryDirectory() as tmp:
-        lab = standard_lab(tmp, ranks, engine, backend)
+        model = spec.model(tmp) if spec.model else None
+        lab = standard_lab(tmp, ranks, engine, backend, (*([f"actor.model_path={model}"] if model else []),
+                                                         *spec.overrides))
         parameters = describe(load_causal_lm(lab.config.actor.model_path))["non_embedding_parameters"]
+        rows = lab.config.batch.step_sequences
         try:
             history = [lab.step() for _ in range(warmup + steps)][warmup:]
         finally:
             lab.shutdown()
-    rate = matmul_gflops()
-    tokens = 16 * 4 * (16 + 64)  # padded prompt + response positions, all computed
+        report = throughput(history, rows, parameters, spec.real_tokens, matmul_gflops())
+        report = {"bench": "e2e", "workload": workload, "actor_ranks": ranks, "engine": lab.config.actor.engine.backend,
+                  "steps": steps, **report}
+        if command:
+            theirs = peer_run([*command, *(["--model", str(model)] if model else [])])
+            report.update(peer_tok_s=theirs["tokens_per_s_median"], peer_step_s=theirs["step_s_median"],
+                          ratio_vs_peer=round(report["tokens_per_s_median"] / theirs["tokens_per_s_median"], 3),
+                          peer=theirs)
+    return report
+
+
+def throughput(history: list[dict[str, float]], rows: int, parameters: int, real_tokens: bool,
+               rate: float) -> dict[str, Any]:
+    """Tokens/s, per-stage medians and FLOP fractions of measured steps; ``rate`` is the matmul GFLOP/s."""
+    tokens = [step_tokens(m, rows, real_tokens) for m in history]
     step_s = statistics.median(m["timing_s/step"] for m in history)
-    # forward = 2 N flops per token (generation, reference, old log-probs when that pass runs), backward twice that
-    forwards = 2 + ("timing_s/old_log_prob" in history[-1])
-    flops = 2 * parameters * tokens * forwards + 6 * parameters * tokens
+    per_token = statistics.median(tokens)
+    stage_s = {s: statistics.median(m.get(f"timing_s/{s}", 0.0) for m in history) for s in STAGES}
+    # forward = 2 N flops per token; the old log-probs' pass only when that stage ran
+    stage_gflop = {s: 2 * parameters * per_token * n / 1e9 for s, n in FORWARDS.items() if stage_s[s] > 0}
+    flops = sum(stage_gflop.values())
     return {
-        "bench": "e2e", "workload": "standard", "actor_ranks": ranks, "engine": engine, "steps": steps,
-        "tokens_per_step": tokens, "step_s_median": round(step_s, 3),
-        "tokens_per_s_median": round(statistics.median(tokens / m["timing_s/step"] for m in history), 1),
-        "stage_s_median": {s: round(statistics.median(m.get(f"timing_s/{s}", 0.0) for m in history), 4)
-                           for s in STAGES},
-        "matmul_gflops": round(rate, 1), "step_gflop": round(flops / 1e9, 1),
-        "roofline_fraction": round(flops / 1e9 / step_s / rate, 3),
-        "roofline_tokens_per_s": round(tokens / (flops / 1e9 / rate), 1),
+        "tokens_counted": "real prompt + response tokens" if real_tokens else "prompt positions + response tokens",
+        "tokens_per_step": round(per_token, 1), "step_s_median": round(step_s, 3),
+        "tokens_per_s_median": round(statistics.median(t / m["timing_s/step"] for t, m in zip(tokens, history,
+                                                                                                strict=True)), 1),
+        "stage_s_median": {s: round(v, 4) for s, v in stage_s.items()},
+        "stage_flop_fraction": {s: round(g / stage_s[s] / rate, 3) for s, g in stage_gflop.items()},
+        "matmul_gflops": round(rate, 1), "step_gflop": round(flops, 1),
+        "roofline_fraction": round(flops / step_s / rate, 3),
+        "roofline_tokens_per_s": round(per_token / (flops / rate), 1),
     }
+
+
+def peer_command(venv: str, workload: str, steps: int, warmup: int) -> list[str]:
+    """The command that runs ``benchmarks/trl_grpo.py`` on ``workload`` from the virtualenv ``venv``."""
+    python = Path(venv) / "bin" / "python"
+    if not python.is_file():
+        raise SystemExit(f"hybridflow-lab bench e2e: error: --peer {venv} has no bin/python; `make bench-trl` "
+                         "creates .venv-trl with TRL")
+    if not PEER_SCRIPT.is_file():
+        raise SystemExit(f"hybridflow-lab bench e2e: error: no {PEER_SCRIPT}; --peer runs from a source checkout")
+    command = [str(python), str(PEER_SCRIPT), "--workload", workload, "--steps", str(steps), "--warmup", str(warmup)]
+    return command + (["--forced-lengths", ",".join(map(str, NATURAL_LENGTHS))] if workload == "natural" else [])
+
+
+def peer_run(command: list[str]) -> dict[str, Any]:
+    """The peer's JSON report (its last line of output)."""
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"the TRL peer failed ({' '.join(command)}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -320,8 +320,23 @@ def _check_rollout(config: LabConfig) -> None:
     if rollout.dtype not in VLLM_DTYPES:
         raise ConfigError("rollout.dtype", f"{rollout.dtype!r} is not one of {VLLM_DTYPES}; leave it empty for the "
                           "actor's training dtype")
+    if rollout.forced_lengths:
+        _check_forced_lengths(config)
     if rollout.engine == "vllm":
         _check_vllm(config, model)
+
+
+def _check_forced_lengths(config: LabConfig) -> None:
+    rollout = config.rollout
+    if rollout.engine != "torch":
+        raise ConfigError("rollout.forced_lengths", "only the built-in engine forces response lengths; set "
+                          "rollout.engine=torch or rollout.forced_lengths=[]")
+    if rollout.ignore_eos:
+        raise ConfigError("rollout.forced_lengths", "forced lengths end each response with EOS; set "
+                          "rollout.ignore_eos=false")
+    if not all(1 <= length <= rollout.max_new_tokens for length in rollout.forced_lengths):
+        raise ConfigError("rollout.forced_lengths", f"{list(rollout.forced_lengths)} must each be in [1, "
+                          f"rollout.max_new_tokens={rollout.max_new_tokens}]")
 
 
 def _check_vllm(config: LabConfig, model: PretrainedConfig) -> None:

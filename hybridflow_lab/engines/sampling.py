@@ -20,6 +20,7 @@ class SamplingParams:
     n: int = 1
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # besides the tokenizer's EOS
     ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
+    forced_lengths: tuple[int, ...] = ()  # benchmarks: row i ends with EOS after forced_lengths[i % len] tokens
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -29,6 +30,10 @@ class SamplingParams:
             raise ValueError(f"temperature must be > 0 (or set greedy=True), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if any(not 1 <= length <= self.max_new_tokens for length in self.forced_lengths):
+            raise ValueError(f"forced_lengths must each be in [1, max_new_tokens], got {self.forced_lengths}")
+        if self.forced_lengths and self.ignore_eos:
+            raise ValueError("forced_lengths ends each response with EOS; it needs ignore_eos=False")
         if self.top_k < 0 or self.n < 1:
             raise ValueError(f"top_k must be >= 0 and n >= 1, got top_k={self.top_k}, n={self.n}")
 
@@ -63,6 +68,14 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
         return -(log_p.exp() * log_p).sum(-1)
 
     return _by_position_chunks(chunk, logits)
+
+
+def force_lengths(logits: torch.Tensor, generated: int, lengths: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """``logits`` for the next token of rows that have ``generated`` tokens and must end with EOS at ``lengths``:
+    EOS ruled out before the last token, the only choice at it."""
+    last = (lengths == generated + 1)[:, None]
+    is_eos = torch.arange(logits.shape[-1], device=logits.device) == eos_token_id
+    return logits.masked_fill(last & ~is_eos | ~last & is_eos, float("-inf"))
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams,

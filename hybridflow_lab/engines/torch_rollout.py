@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hybridflow_lab.engines.sampling import SamplingParams, sample_next
+from hybridflow_lab.engines.sampling import SamplingParams, force_lengths, sample_next
 from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.models.kv_cache import KVCache
 
@@ -48,9 +48,17 @@ def generate(
     log_probs = torch.zeros(batch, params.max_new_tokens, dtype=torch.float32, device=device)
     lengths = torch.full((batch,), params.max_new_tokens, dtype=torch.long, device=device)
     live = torch.arange(batch, device=device)  # original row of each row still in the cache
+    forced = None
+    if params.forced_lengths:
+        if eos_token_id is None:
+            raise ValueError("forced_lengths ends responses with EOS, and this tokenizer has none")
+        schedule = torch.tensor(params.forced_lengths, device=device)
+        forced = schedule[torch.arange(batch, device=device) % len(schedule)]
 
     logits = model(prompt_ids, prompt_mask, cache=cache, keep_last=1)[:, 0]
     for step in range(params.max_new_tokens):
+        if forced is not None:
+            logits = force_lengths(logits, step, forced[live], eos_token_id)
         tokens, token_log_probs = sample_next(logits, params, generator)
         responses[live, step] = tokens
         log_probs[live, step] = token_log_probs

@@ -60,6 +60,8 @@ def vllm_sampling_kwargs(params: SamplingParams, eos_token_id: int | None) -> di
 
     The engine has no tokenizer (token-id prompts), so the EOS id is passed as a stop token.
     """
+    if params.forced_lengths:
+        raise ValueError("vLLM does not force response lengths (forced_lengths); use the built-in engine")
     stops = [*params.stop_token_ids, *([] if params.ignore_eos or eos_token_id is None else [eos_token_id])]
     return {
         "n": 1 if params.greedy else params.n,  # vLLM refuses n > 1 greedy samples: generate() repeats the one

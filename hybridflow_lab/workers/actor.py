@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 def sampling_params(config: LabConfig, **overrides: object) -> SamplingParams:
     rollout = config.rollout
     values = {"max_new_tokens": rollout.max_new_tokens, "temperature": rollout.temperature, "top_p": rollout.top_p,
-              "top_k": rollout.top_k, "n": config.batch.samples_per_prompt, "ignore_eos": rollout.ignore_eos}
+              "top_k": rollout.top_k, "n": config.batch.samples_per_prompt, "ignore_eos": rollout.ignore_eos,
+              "forced_lengths": rollout.forced_lengths}
     return SamplingParams(**{**values, **overrides})
 
 
