@@ -188,7 +188,8 @@ def _ranked_plans(args: argparse.Namespace, profile: Any) -> dict[str, Any]:
             "plans": [plan.to_dict() for plan in plans]}
 
 
-BENCH_OPTIONS = {"minutes": "soak", "workload": "e2e", "peer": "e2e", "engine": "e2e"}  # options of one bench only
+# options that belong to one bench only
+BENCH_OPTIONS = {"minutes": "soak", "workload": "e2e", "peer": "e2e", "engine": "e2e", "size": "rollout"}
 BENCH_MODULES = {"async": "async_rollout"}  # a bench whose name is not its module's (``async`` is a keyword)
 
 
@@ -311,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="e2e: what to run (default standard; see hybridflow_lab/bench/e2e.py)")
     bench.add_argument("--peer", help="e2e: a virtualenv with TRL (make bench-trl: .venv-trl) to run the same workload "
                                       "in right after")
+    bench.add_argument("--size", choices=["tiny", "standard", "small"], help="rollout: the model (default small)")
     bench.add_argument("--engine", choices=["deepspeed", "torch", "fsdp"], help="e2e: the actor's training engine "
                                                                               "(default deepspeed)")
     bench.add_argument("--out", help="also write the JSON to this file")

@@ -124,4 +124,12 @@ def test_packing_refuses_an_output_at_a_padding_position():
     with pytest.raises(ValueError, match="padding"):
         Packing.of(mask, outputs=torch.tensor([[True, False, False], [False, False, True]]))
     packing = Packing.of(mask, outputs=torch.tensor([[False, False, True], [True, False, True]]))
-    assert packing.tokens == 5 and packing.longest == 3 and packing.outputs.tolist() == [1, 2, 4]
+    assert packing.tokens == 5 and packing.outputs.tolist() == [1, 2, 4]
+
+
+def test_rows_of_very_different_lengths_are_laid_out_for_attention_in_separate_groups():
+    """A 2-token row is not padded to a 16-token row's length: rows attend in groups of similar length."""
+    mask = (torch.arange(16)[None] < torch.tensor([16, 14, 13, 9, 8, 2])[:, None]).long()
+    packing = Packing.of(mask)
+    assert [(g.rows, g.longest) for g in packing.groups] == [(3, 16), (2, 9), (1, 2)]
+    assert sum(g.members.numel() for g in packing.groups) == packing.tokens == 62

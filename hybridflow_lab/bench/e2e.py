@@ -24,14 +24,12 @@ import json
 import statistics
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from hybridflow_lab.bench.roofline import matmul_gflops
 from hybridflow_lab.models import create_model_dir, describe, load_causal_lm
 from hybridflow_lab.trainer.lab import Lab
 
@@ -39,16 +37,6 @@ STAGES = ("generate", "reward", "old_log_prob", "ref", "adv", "update_actor")
 FORWARDS = {"generate": 1, "old_log_prob": 1, "ref": 1, "update_actor": 3}  # backward = two forwards
 NATURAL_LENGTHS = (2, 3, 5, 8, 12, 17, 23, 30, 38, 47, 57, 68, 80, 94, 110, 128)  # mean 45.1; divides 32 rows
 PEER_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "trl_grpo.py"
-
-
-def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
-    """float32 GEMM rate of this process's threads (the roofline)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e9
 
 
 def standard_lab(tmp: str, ranks: int = 2, engine: str = "deepspeed", backend: str = "ray",

@@ -5,7 +5,9 @@ Same weights, same left-padded prompts, pure sampling (temperature 1, no top-k/t
 alternate and the median of ``repeats`` runs is reported. vLLM runs last, where it is installed (the
 ``.venv-vllm`` environment): in-process it pins the process's threads for good. Its row adds the
 engine's start seconds and ``greedy_match``, the fraction of greedy rows identical to the built-in
-engine's.
+engine's. ``matmul_bound_s`` is the time the generation's FLOPs (2 per non-embedding parameter per prompt and
+response position) take at this process's float32 GEMM rate; ``torch_over_bound`` how far the built-in engine is
+from it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM
 
+from hybridflow_lab.bench.roofline import matmul_gflops
 from hybridflow_lab.engines import SamplingParams
 from hybridflow_lab.engines.torch_rollout import generate
 from hybridflow_lab.models import char_tokenizer, create_model_dir, describe, load_causal_lm
@@ -83,6 +86,8 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
         medians = {name: statistics.median(t) for name, t in times.items()}
         engines: dict[str, Any] = {name: {"tok_s": round(prompts * new_tokens / s, 1)} for name, s in medians.items()}
         threads = torch.get_num_threads()
+        gflop = 2 * describe(ours)["non_embedding_parameters"] * prompts * (prompt_tokens + new_tokens) / 1e9
+        bound_s = gflop / matmul_gflops()
         if importlib.util.find_spec("vllm") is None:
             engines["vllm"] = {"skipped": "vllm is not installed here; run from .venv-vllm (make vllm-env)"}
         else:
@@ -92,4 +97,6 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
         "bench": "rollout", "model": size, "parameters": describe(ours)["parameters"], "prompts": prompts,
         "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "threads": threads, "engines": engines,
         "hf_over_torch_seconds": round(medians["hf"] / medians["torch"], 3),
+        "gflop": round(gflop, 2), "matmul_bound_s": round(bound_s, 3),
+        "torch_over_bound": round(medians["torch"] / bound_s, 2),
     }

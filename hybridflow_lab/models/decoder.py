@@ -80,15 +80,16 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cosines and the signed sines ``rotate`` takes, ``[..., head_dim]``."""
         freqs = positions[..., None].float() * self.inv_freq
-        angles = torch.cat((freqs, freqs), dim=-1)
-        return (angles.cos() * self.scaling).to(dtype), (angles.sin() * self.scaling).to(dtype)
+        cos, sin = (freqs.cos() * self.scaling).to(dtype), (freqs.sin() * self.scaling).to(dtype)
+        return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x``: ``x cos + (-x2, x1) sin`` as one roll, with the sign folded into the sines (the
+    same numbers as negating ``x2``, in fewer operations: the decode step is bound by per-operation cost)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class Attention(nn.Module):
@@ -122,20 +123,16 @@ class Attention(nn.Module):
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if packing is not None:
-            q, k, v = (packing.to_attention_layout(t) for t in (q, k, v))
-            mask = packing.mask
-        else:
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            return reduce_from_parallel(self.o_proj(packing.attend(q, k, v, self._attend)), self.tp)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if cache is not None:
             k, v = cache.append(layer, k, v)
-        if q.shape[2] == 1:
-            out = decode_attention(q, k, v, mask)
-        else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=self.kv_heads != self.heads
-            )
-        out = packing.from_attention_layout(out) if packing is not None else out.transpose(1, 2).flatten(2)
-        return reduce_from_parallel(self.o_proj(out), self.tp)
+        out = decode_attention(q, k, v, mask) if q.shape[2] == 1 else self._attend(q, k, v, mask)
+        return reduce_from_parallel(self.o_proj(out.transpose(1, 2).flatten(2)), self.tp)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                              enable_gqa=self.kv_heads != self.heads)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -150,7 +147,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     grouped = q.view(batch, kv_heads, heads // kv_heads, dim)
     scores = torch.matmul(grouped, k.transpose(-1, -2)) * dim**-0.5  # [batch, kv_heads, group, length]
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))  # mask is [batch, 1, 1, length]
+        scores = torch.where(mask, scores, float("-inf"))  # mask is [batch, 1, 1, length]
     out = torch.matmul(scores.softmax(-1), v)  # [batch, kv_heads, group, dim]
     return out.view(batch, heads, 1, dim)
 

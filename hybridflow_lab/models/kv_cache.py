@@ -34,6 +34,8 @@ class KVCache:
         start, end = self.length, self.length + new
         if end > self.max_length:
             raise ValueError(f"KV cache holds {self.max_length} tokens; cannot add {new} to {start}")
+        if attention_mask is None and new == 1 and start > 0:
+            return self._decode_slot(start)
         batch = self.valid.shape[0]
         real = torch.ones(batch, new, dtype=torch.bool, device=self.valid.device) if attention_mask is None \
             else attention_mask.bool()
@@ -45,6 +47,15 @@ class KVCache:
         if not self._padded:  # plain causal attention: SDPA's is_causal (prefill) or no mask (one token)
             return positions, None if new == 1 or start == 0 else self._causal(start, end, with_padding=False)
         return positions, self._causal(start, end, with_padding=True)
+
+    def _decode_slot(self, slot: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One real token per row: the fast path of every decoding step (a single query sees every key before it,
+        so only padding needs masking)."""
+        self.valid[:, slot] = True
+        positions = self.next_position[:, None].clone()
+        self.next_position += 1
+        self._start, self.length = slot, slot + 1
+        return positions, self.valid[:, None, None, : self.length] if self._padded else None
 
     def _causal(self, start: int, end: int, with_padding: bool) -> torch.Tensor:
         device = self.valid.device
