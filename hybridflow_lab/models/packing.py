@@ -80,10 +80,10 @@ class Packing:
 
 def _similar_lengths(lengths: torch.Tensor) -> list[torch.Tensor]:
     """The non-empty rows, longest first, split where a row falls below ``GROUP_RATIO`` of its group's longest."""
-    rows = [r for r in lengths.argsort(descending=True, stable=True).tolist() if lengths[r] > 0]
+    sizes = lengths.tolist()
     groups: list[list[int]] = []
-    for row in rows:
-        if groups and lengths[row] >= GROUP_RATIO * lengths[groups[-1][0]]:
+    for row in sorted((r for r, n in enumerate(sizes) if n > 0), key=lambda r: -sizes[r]):
+        if groups and sizes[row] >= GROUP_RATIO * sizes[groups[-1][0]]:
             groups[-1].append(row)
         else:
             groups.append([row])
