@@ -35,6 +35,7 @@ from hybridflow_lab.trainer.lab import Lab
 
 STAGES = ("generate", "reward", "old_log_prob", "ref", "adv", "update_actor")
 FORWARDS = {"generate": 1, "old_log_prob": 1, "ref": 1, "update_actor": 3}  # backward = two forwards
+STANDARD_POSITIONS = 16 + 64  # per sequence: the padded prompt and the response
 NATURAL_LENGTHS = (2, 3, 5, 8, 12, 17, 23, 30, 38, 47, 57, 68, 80, 94, 110, 128)  # mean 45.1; divides 32 rows
 PEER_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "trl_grpo.py"
 
@@ -84,7 +85,7 @@ WORKLOADS = {
 def step_tokens(metrics: dict[str, float], rows: int, real: bool) -> float:
     """Tokens one step counts: real prompt and response tokens, or the standard workload's positions."""
     if not real:
-        return rows * (16 + 64)
+        return rows * STANDARD_POSITIONS
     return rows * (metrics["prompt_length/mean"] + metrics["response_length/mean"])
 
 
@@ -121,21 +122,21 @@ def throughput(history: list[dict[str, float]], rows: int, parameters: int, real
     """Tokens/s, per-stage medians and FLOP fractions of measured steps; ``rate`` is the matmul GFLOP/s."""
     tokens = [step_tokens(m, rows, real_tokens) for m in history]
     step_s = statistics.median(m["timing_s/step"] for m in history)
-    per_token = statistics.median(tokens)
+    tokens_median = statistics.median(tokens)
     stage_s = {s: statistics.median(m.get(f"timing_s/{s}", 0.0) for m in history) for s in STAGES}
     # forward = 2 N flops per token; the old log-probs' pass only when that stage ran
-    stage_gflop = {s: 2 * parameters * per_token * n / 1e9 for s, n in FORWARDS.items() if stage_s[s] > 0}
+    stage_gflop = {s: 2 * parameters * tokens_median * n / 1e9 for s, n in FORWARDS.items() if stage_s[s] > 0}
     flops = sum(stage_gflop.values())
     return {
         "tokens_counted": "real prompt + response tokens" if real_tokens else "prompt positions + response tokens",
-        "tokens_per_step": round(per_token, 1), "step_s_median": round(step_s, 3),
+        "tokens_per_step": round(tokens_median, 1), "step_s_median": round(step_s, 3),
         "tokens_per_s_median": round(statistics.median(t / m["timing_s/step"] for t, m in zip(tokens, history,
                                                                                                 strict=True)), 1),
         "stage_s_median": {s: round(v, 4) for s, v in stage_s.items()},
         "stage_flop_fraction": {s: round(g / stage_s[s] / rate, 3) for s, g in stage_gflop.items()},
         "matmul_gflops": round(rate, 1), "step_gflop": round(flops, 1),
         "roofline_fraction": round(flops / step_s / rate, 3),
-        "roofline_tokens_per_s": round(per_token / (flops / rate), 1),
+        "roofline_tokens_per_s": round(tokens_median / (flops / rate), 1),
     }
 
 
