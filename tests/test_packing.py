@@ -7,7 +7,7 @@ import torch
 
 from hybridflow_lab.algorithms.losses import aggregate, ppo_policy_loss
 from hybridflow_lab.config import LabConfig
-from hybridflow_lab.engines.forward import response_log_probs, response_values
+from hybridflow_lab.engines.forward import response_log_probs, response_packing, response_values
 from hybridflow_lab.engines.torch_rollout import sequences_batch
 from hybridflow_lab.models import create_model_dir, load_causal_lm
 from hybridflow_lab.models.decoder import enable_gradient_checkpointing
@@ -18,14 +18,15 @@ from hybridflow_lab.workers.actor_loss import actor_token_loss
 
 PROMPT_LENGTHS = [7, 3, 5, 1, 7, 2]
 RESPONSE_LENGTHS = [9, 1, 4, 9, 6, 2]
+LONG_RESPONSE_LENGTHS = [90, 1, 40, 100, 70, 2]  # rows of 97, 4, 45, 101, 77 and 4 tokens: two attention groups
 
 
-def ragged_batch(vocab: int, seed: int = 0) -> DataBatch:
+def ragged_batch(vocab: int, seed: int = 0, response_lengths: list[int] = RESPONSE_LENGTHS) -> DataBatch:
     """Left-padded prompts and right-padded responses of different lengths, in the rollout's layout."""
     generator = torch.Generator().manual_seed(seed)
-    prompts, responses = torch.tensor(PROMPT_LENGTHS), torch.tensor(RESPONSE_LENGTHS)
+    prompts, responses = torch.tensor(PROMPT_LENGTHS), torch.tensor(response_lengths)
     prompt_mask = (torch.arange(max(PROMPT_LENGTHS))[None] >= max(PROMPT_LENGTHS) - prompts[:, None]).long()
-    response_mask = (torch.arange(max(RESPONSE_LENGTHS))[None] < responses[:, None]).long()
+    response_mask = (torch.arange(max(response_lengths))[None] < responses[:, None]).long()
     out = {"prompt_ids": torch.randint(4, vocab, prompt_mask.shape, generator=generator) * prompt_mask,
            "prompt_mask": prompt_mask, "response_mask": response_mask,
            "responses": torch.randint(4, vocab, response_mask.shape, generator=generator) * response_mask,
@@ -51,9 +52,12 @@ def assert_same_gradients(padded: dict[str, torch.Tensor], packed: dict[str, tor
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_packed_log_probs_and_entropies_equal_the_padded_pass_and_are_zero_on_padding(tmp_path, arch):
+@pytest.mark.parametrize("response_lengths", [RESPONSE_LENGTHS, LONG_RESPONSE_LENGTHS], ids=["short", "long"])
+def test_packed_log_probs_and_entropies_equal_the_padded_pass_and_are_zero_on_padding(tmp_path, arch,
+                                                                                      response_lengths):
     model = load_causal_lm(create_model_dir(tmp_path / "m", "tiny", arch, seed=1))
-    batch = ragged_batch(model.config.vocab_size)
+    batch = ragged_batch(model.config.vocab_size, response_lengths=response_lengths)
+    assert len(response_packing(batch).groups) == (1 if response_lengths == RESPONSE_LENGTHS else 2)
     mask = batch["response_mask"]
     with torch.no_grad():
         padded = response_log_probs(model, batch, 0.7, with_entropy=True)
@@ -63,22 +67,24 @@ def test_packed_log_probs_and_entropies_equal_the_padded_pass_and_are_zero_on_pa
         assert bool((ours[mask == 0] == 0).all())
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_packed_actor_loss_and_gradients_equal_the_padded_pass(tmp_path, checkpointing):
+@pytest.mark.parametrize(("checkpointing", "response_lengths"),
+                         [(False, RESPONSE_LENGTHS), (True, RESPONSE_LENGTHS), (False, LONG_RESPONSE_LENGTHS)],
+                         ids=["short", "short-checkpointing", "long"])
+def test_packed_actor_loss_and_gradients_equal_the_padded_pass(tmp_path, checkpointing, response_lengths):
     """The actor's whole token loss (clipped policy loss, entropy, KL to the reference) aggregated as the update
     does: the same loss and the same gradient for every parameter."""
     path = create_model_dir(tmp_path / "m", "tiny", "qwen2", seed=2)
     model = load_causal_lm(path)
     if checkpointing:
         enable_gradient_checkpointing(model)
-    batch = ragged_batch(model.config.vocab_size, seed=3)
+    batch = ragged_batch(model.config.vocab_size, seed=3, response_lengths=response_lengths)
     results = {}
     for remove_padding in (False, True):
         config = LabConfig()
         config.actor.engine.remove_padding = remove_padding
         config.algorithm.entropy_coef = 0.01
         out = actor_token_loss(config, ppo_policy_loss, kl_coef=0.1)(model, batch)
-        loss = aggregate(out.loss, batch["response_mask"], "token-mean", 9)[0]
+        loss = aggregate(out.loss, batch["response_mask"], "token-mean", max(response_lengths))[0]
         loss.backward()
         results[remove_padding] = (loss.detach(), gradients(model))
     torch.testing.assert_close(results[True][0], results[False][0], rtol=1e-5, atol=1e-6)
@@ -128,8 +134,9 @@ def test_packing_refuses_an_output_at_a_padding_position():
 
 
 def test_rows_of_very_different_lengths_are_laid_out_for_attention_in_separate_groups():
-    """A 2-token row is not padded to a 16-token row's length: rows attend in groups of similar length."""
-    mask = (torch.arange(16)[None] < torch.tensor([16, 14, 13, 9, 8, 2])[:, None]).long()
-    packing = Packing.of(mask)
-    assert [(g.rows, g.longest) for g in packing.groups] == [(3, 16), (2, 9), (1, 2)]
-    assert sum(g.members.numel() for g in packing.groups) == packing.tokens == 62
+    """A 20-token row is not padded to a 160-token row's length: rows attend in groups of similar length, and
+    rows shorter than 64 tokens share one group (their attention costs less than another call)."""
+    lengths = torch.tensor([160, 140, 130, 90, 80, 40, 20])
+    packing = Packing.of((torch.arange(160)[None] < lengths[:, None]).long())
+    assert [(g.rows, g.longest) for g in packing.groups] == [(3, 160), (2, 90), (2, 40)]
+    assert sum(g.members.numel() for g in packing.groups) == packing.tokens == int(lengths.sum())

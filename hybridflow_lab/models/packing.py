@@ -16,6 +16,7 @@ import torch
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 GROUP_RATIO = 0.75  # a row joins a length group while it is at least this fraction of the group's longest
+GROUP_MIN_LONGEST = 64  # below this a group takes every shorter row: short attention costs less than a new group
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,13 @@ class Packing:
 
 
 def _similar_lengths(lengths: torch.Tensor) -> list[torch.Tensor]:
-    """The non-empty rows, longest first, split where a row falls below ``GROUP_RATIO`` of its group's longest."""
+    """The non-empty rows, longest first, split where a row falls below ``GROUP_RATIO`` of its group's longest (a
+    group whose longest row is under ``GROUP_MIN_LONGEST`` tokens takes the rest)."""
     sizes = lengths.tolist()
     groups: list[list[int]] = []
     for row in sorted((r for r, n in enumerate(sizes) if n > 0), key=lambda r: -sizes[r]):
-        if groups and sizes[row] >= GROUP_RATIO * sizes[groups[-1][0]]:
+        longest = sizes[groups[-1][0]] if groups else 0
+        if groups and (longest < GROUP_MIN_LONGEST or sizes[row] >= GROUP_RATIO * longest):
             groups[-1].append(row)
         else:
             groups.append([row])
