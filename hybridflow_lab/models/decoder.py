@@ -203,7 +203,8 @@ class Backbone(nn.Module):
         cache: KVCache | None = None,
         packing: Packing | None = None,
     ) -> torch.Tensor:
-        """Hidden states ``[batch, length, hidden]``; with ``packing``, ``[tokens, hidden]`` for the real tokens.
+        """Hidden states ``[batch, length, hidden]``; with ``packing``, ``[outputs, hidden]`` for the packed tokens
+        ``packing.outputs`` names.
 
         Without a cache, ``attention_mask`` (1 = real token) may mark left and right padding;
         positions then count real tokens only. With a cache, the cache tracks masks and positions.
@@ -224,7 +225,7 @@ class Backbone(nn.Module):
                 x = checkpoint(layer, x, cos, sin, mask, cache, index, packing, use_reentrant=False)
             else:
                 x = layer(x, cos, sin, mask, cache, index, packing)
-        return self.norm(x)
+        return self.norm(x if packing is None else packing.select_outputs(x))
 
 
 class DecoderLM(nn.Module):
@@ -251,9 +252,7 @@ class DecoderLM(nn.Module):
         """Logits ``[batch, length, vocab]``; only the last ``keep_last`` positions when it is > 0. With
         ``packing``, ``[outputs, vocab]`` for the packed tokens ``packing.outputs`` names."""
         hidden = self.model(input_ids, attention_mask, position_ids, cache, packing)
-        if packing is not None:
-            hidden = packing.select_outputs(hidden)
-        elif keep_last:
+        if packing is None and keep_last:
             hidden = hidden[:, -keep_last:]
         hidden = copy_to_parallel(hidden, self.tp)
         return gather_last_dim(self.lm_head(hidden), self.tp)

@@ -29,10 +29,7 @@ class ScalarHeadModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, packing: Packing | None = None) -> torch.Tensor:
-        hidden = self.model(input_ids, attention_mask, position_ids, packing=packing)
-        if packing is not None:
-            hidden = packing.select_outputs(hidden)
-        return self.score(hidden).squeeze(-1)
+        return self.score(self.model(input_ids, attention_mask, position_ids, packing=packing)).squeeze(-1)
 
 
 def scalar_config(config: PretrainedConfig) -> PretrainedConfig:
