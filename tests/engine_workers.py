@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow_lab import DataBatch
-from hybridflow_lab.config import OptimConfig
+from hybridflow_lab.config import BatchConfig, OptimConfig
 from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.forward import count_response_tokens, response_nll
@@ -13,6 +13,7 @@ from hybridflow_lab.engines.train_base import NonFiniteUpdate
 from hybridflow_lab.engines.training_state import TrainingState
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.models.lora import LoraConfig, apply_lora
+from hybridflow_lab.workers.batching import micro_batches
 from hybridflow_lab.workers.trained_role import TrainedRole
 
 
@@ -41,6 +42,16 @@ class EngineProbe(TrainedRole):
             losses.append(result["loss"])
             norms.append(result["grad_norm"])
         return DataBatch({"row": torch.ones(len(batch))}, meta={"losses": losses, "grad_norms": norms})
+
+    @register(Dispatch.DP_COMPUTE)
+    def train_by_tokens(self, batch: DataBatch, steps: int, budget: int) -> DataBatch:
+        """``train`` with micro-batches of at most ``budget`` real tokens (as many on every rank)."""
+        losses, counts = [], []
+        for _ in range(steps):
+            micros = micro_batches(batch, BatchConfig(micro_batch_tokens_per_rank=budget), self.engine).parts
+            losses.append(self.engine.train_step(micros, response_nll, count_response_tokens)["loss"])
+            counts.append(len(micros))
+        return DataBatch({"row": torch.ones(len(batch))}, meta={"losses": losses, "micro_batches": counts})
 
     @register(Dispatch.DP_COMPUTE)
     def train_with_nan_gradient(self, batch: DataBatch, rank: int) -> DataBatch:

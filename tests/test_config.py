@@ -63,6 +63,9 @@ UNWORKABLE = [
     ({"critic.ranks": 1}, "critic.pool", r"critic \(1 ranks\) is colocated with actor \(2 ranks\) on pool 'main'; "
      r".*set critic.ranks=2, or critic.pool=critic"),
     ({"critic.pool": "''"}, "critic.pool", "must name a resource pool"),
+    ({"batch.micro_batch_tokens_per_rank": 100, "rollout.max_prompt_tokens": 64, "rollout.max_new_tokens": 64},
+     "batch.micro_batch_tokens_per_rank", "100 tokens cannot hold one sequence of up to 128 .* use at least 128"),
+    ({"batch.micro_batch_tokens_per_rank": -1}, "batch.micro_batch_tokens_per_rank", "must be >= 0"),
 ]
 
 

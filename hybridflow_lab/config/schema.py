@@ -102,6 +102,9 @@ class BatchConfig:
     samples_per_prompt: int = 4  # responses generated per prompt (the GRPO group size)
     update_minibatch_sequences: int = 64  # sequences per optimizer step, over all data-parallel ranks
     micro_batch_sequences_per_rank: int = 8  # sequences per forward/backward on one rank
+    # > 0: actor/critic micro-batches are sized by real tokens instead, up to this many per rank (verl's
+    # use_dynamic_bsz with ppo_max_token_len_per_gpu); micro_batch_sequences_per_rank then only sizes reward models
+    micro_batch_tokens_per_rank: int = 0
     update_epochs: int = 1  # passes over the step's sequences
 
     @property

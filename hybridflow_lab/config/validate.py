@@ -58,6 +58,8 @@ BOUNDS = (
                   "micro_batch_sequences_per_rank", "update_epochs")),
     *(Bound(f"rollout.{key}", ">= 1", _at_least(1), WHOLE_NUMBER)
       for key in ("max_prompt_tokens", "max_new_tokens", "tensor_parallel", "kv_cache_gib")),
+    Bound("batch.micro_batch_tokens_per_rank", ">= 0", _at_least(0), "use 0 to size micro-batches by sequences, "
+          "or a token count that holds a few sequences"),
     Bound("rollout.temperature", "> 0", _positive, "sampling divides the logits by it; use 1.0 (greedy decoding "
           "is lab.generate(prompts, greedy=True))"),
     Bound("rollout.top_p", "in (0, 1]", _fraction, "use 1.0 to turn nucleus sampling off"),
@@ -169,6 +171,15 @@ def _check_batch(config: LabConfig) -> None:
             f"{batch.update_minibatch_sequences} does not divide the {step} sequences of a step (rollout_batch_prompts "
             f"{batch.rollout_batch_prompts} x samples_per_prompt {batch.samples_per_prompt}); use one of "
             f"{divisors(step)}",
+        )
+    budget, rollout = batch.micro_batch_tokens_per_rank, config.rollout
+    longest = rollout.max_prompt_tokens + rollout.max_new_tokens
+    if 0 < budget < longest:
+        raise ConfigError(
+            "batch.micro_batch_tokens_per_rank",
+            f"{budget} tokens cannot hold one sequence of up to {longest} (rollout.max_prompt_tokens "
+            f"{rollout.max_prompt_tokens} + rollout.max_new_tokens {rollout.max_new_tokens}); use at least {longest} "
+            f"(a few sequences' worth, e.g. {4 * longest}), or 0 to size micro-batches by sequences",
         )
 
 

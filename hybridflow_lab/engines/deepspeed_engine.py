@@ -11,6 +11,7 @@ import math
 import os
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -71,7 +72,8 @@ def _load_without_code(path: str, map_location: Any = None) -> Any:
 
 
 class DeepSpeedEngine(TrainEngine):
-    """ZeRO-sharded training; ``micro_batches_per_step`` is fixed for the engine's lifetime."""
+    """ZeRO-sharded training. ``micro_batches_per_step`` sizes DeepSpeed's config; the step's accumulation
+    boundary is set on each micro-batch, so a step may hold any number of them (token-budget micro-batches)."""
 
     name = "deepspeed"
 
@@ -85,7 +87,6 @@ class DeepSpeedEngine(TrainEngine):
         # partitioning each as it goes)
         self.deepspeed = import_deepspeed(device)
         self.zero_stage, self.state_on_host = zero_stage, offload
-        self.micro_batches_per_step = micro_batches_per_step
         optimizer = build_optimizer(trainable_parameters(model), optim)
         self.adapters_only = has_adapters(model)  # a LoRA checkpoint holds the adapters, not the frozen base
         config = deepspeed_config(optim, zero_stage, micro_batch_size, micro_batches_per_step, offload, bf16)
@@ -100,10 +101,10 @@ class DeepSpeedEngine(TrainEngine):
     def model(self) -> nn.Module:
         return self.engine.module
 
-    def _check_micro_batches(self, count: int) -> None:
-        if count != self.micro_batches_per_step:
-            raise ValueError(f"the DeepSpeed engine was built for {self.micro_batches_per_step} micro-batches per "
-                             f"step, got {count}")
+    @contextmanager
+    def _accumulating(self, last: bool) -> Iterator[None]:
+        self.engine.set_gradient_accumulation_boundary(last)
+        yield
 
     def _backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)

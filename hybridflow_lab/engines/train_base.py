@@ -100,9 +100,6 @@ class TrainEngine(ABC):
     def _discard_gradients(self) -> None:
         """Drop the accumulated gradients without stepping."""
 
-    def _check_micro_batches(self, count: int) -> None:  # noqa: B027 - an optional hook
-        """Backends with a fixed accumulation count reject other counts."""
-
     def _accumulating(self, last: bool) -> AbstractContextManager[Any]:
         """Context for one micro-batch's backward; non-last ones may skip the gradient all-reduce."""
         return nullcontext()
@@ -201,7 +198,6 @@ class TrainEngine(ABC):
         cannot)."""
         if not micro_batches:
             raise ValueError("train_step needs at least one micro-batch")
-        self._check_micro_batches(len(micro_batches))
         self.module.train()
         # a CPU float64 count: its all-reduce stays on gloo (NCCL groups are "cpu:gloo,cuda:nccl")
         local = torch.tensor(float(sum(count_fn(mb) for mb in micro_batches)), dtype=torch.float64, device="cpu")
@@ -249,6 +245,11 @@ class TrainEngine(ABC):
             raise NonFiniteUpdate(f"{named} in optimizer step {self.global_step + 1}; the step was not applied "
                                   "(trainer.on_nonfinite=skip drops such steps and carries on)")
         return {**result, "grad_norm": math.nan if norm is None else norm, "lr": lr, "nonfinite_skipped": 1.0}
+
+    def max_over_ranks(self, value: int) -> int:
+        """The largest ``value`` any data-parallel rank passes (collective): how ranks agree on a count of
+        micro-batches, since every rank must run as many backward passes as the others."""
+        return int(self._reduce({"value": torch.tensor(float(value), dtype=torch.float64)}, dist.ReduceOp.MAX)["value"])
 
     def _reduce(self, values: dict[str, torch.Tensor], op: dist.ReduceOp) -> dict[str, torch.Tensor]:
         """Each value reduced with ``op`` over the data-parallel ranks (one collective for all of them)."""

@@ -142,21 +142,20 @@ class ActorWorker(TrainedRole):
             return responses_batch(self.rollout, self.tokenizer, prompts, params, attrs)
 
     def _log_probs(self, model: torch.nn.Module, batch: DataBatch, with_entropy: bool) -> DataBatch:
-        size = self.config.batch.micro_batch_sequences_per_rank
         temperature, remove_padding = self.config.rollout.temperature, self.config.actor.engine.remove_padding
 
         def forward(module: torch.nn.Module, micro: DataBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
             return response_log_probs(module, micro, temperature, with_entropy, remove_padding)
 
-        micros = micro_batches(batch, size)
+        micros = micro_batches(batch, self.config.batch)
         if model is self.engine.module:
-            parts = self.engine.infer(micros, forward)
+            parts = self.engine.infer(micros.parts, forward)
         else:
             with torch.no_grad(), self.engine.precision():
-                parts = [forward(model, micro) for micro in micros]
-        columns = {"log_probs": torch.cat([p[0] for p in parts])}
+                parts = [forward(model, micro) for micro in micros.parts]
+        columns = {"log_probs": micros.in_row_order([p[0] for p in parts])}
         if with_entropy:
-            columns["entropy"] = torch.cat([p[1] for p in parts])
+            columns["entropy"] = micros.in_row_order([p[1] for p in parts])
         return DataBatch(columns)
 
     @register(Dispatch.MESH("train"))

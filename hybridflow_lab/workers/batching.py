@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -40,8 +41,55 @@ def minibatches(rows: DataBatch, size: int, epochs: int, seed: int) -> Iterator[
         yield from rows.reorder(order).split(size)
 
 
-def micro_batches(rows: DataBatch, size: int) -> list[DataBatch]:
-    return rows.split(size)
+@dataclass
+class MicroBatches:
+    """A rank's rows split for its forward and backward passes."""
+
+    parts: list[DataBatch]
+    order: torch.Tensor  # the row of ``rows`` each part's rows come from, part after part
+
+    def in_row_order(self, outputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The parts' outputs (one row per row) concatenated and put back in the rows' order."""
+        out = torch.cat(list(outputs))
+        restored = torch.empty_like(out)
+        restored[self.order.to(out.device)] = out
+        return restored
+
+
+def micro_batches(rows: DataBatch, batch: BatchConfig, engine: TrainEngine | None = None) -> MicroBatches:
+    """``rows`` split ``batch.micro_batch_sequences_per_rank`` sequences at a time or, with
+    ``batch.micro_batch_tokens_per_rank``, into the fewest micro-batches of at most that many real tokens, the tokens
+    balanced between them (a row longer than the budget goes alone). With ``engine`` (a training step, collective)
+    every data-parallel rank runs as many micro-batches as the rank that needs the most."""
+    budget = batch.micro_batch_tokens_per_rank
+    if budget <= 0:
+        return MicroBatches(rows.split(batch.micro_batch_sequences_per_rank), torch.arange(len(rows)))
+    tokens = rows["attention_mask"].sum(-1).tolist()
+    count = fewest_parts(tokens, budget)
+    if engine is not None:
+        count = engine.max_over_ranks(count)
+    parts = balanced_parts(tokens, count)
+    return MicroBatches([rows[part] for part in parts], torch.tensor([row for part in parts for row in part]))
+
+
+def balanced_parts(tokens: Sequence[int], count: int) -> list[list[int]]:
+    """Row indices in ``count`` parts of near-equal token sums: the longest rows first, each to the lightest part;
+    each part's rows in their original order."""
+    parts: list[list[int]] = [[] for _ in range(count)]
+    sums = [0] * count
+    for row in sorted(range(len(tokens)), key=lambda r: -tokens[r]):
+        lightest = min(range(count), key=lambda p: (sums[p], len(parts[p])))
+        parts[lightest].append(row)
+        sums[lightest] += tokens[row]
+    return [sorted(part) for part in parts]
+
+
+def fewest_parts(tokens: Sequence[int], budget: int) -> int:
+    """The fewest ``balanced_parts`` whose token sums all fit in ``budget`` (at most one part per row)."""
+    count = min(len(tokens), max(1, math.ceil(sum(tokens) / budget)))
+    while count < len(tokens) and max(sum(tokens[r] for r in part) for part in balanced_parts(tokens, count)) > budget:
+        count += 1
+    return count
 
 
 def combine(steps: list[dict[str, float]], peaks: set[str]) -> dict[str, float]:
@@ -83,8 +131,7 @@ def train_minibatches(engine: TrainEngine, rows: DataBatch, config: LabConfig, r
     skip_nonfinite = config.trainer.on_nonfinite == "skip"
     steps = []
     for mini in minibatches(rows, per_rank_minibatch(batch, ranks), batch.update_epochs, seed):
-        result = engine.train_step(micro_batches(mini, batch.micro_batch_sequences_per_rank), loss, units,
-                                   skip_nonfinite, apply)
+        result = engine.train_step(micro_batches(mini, batch, engine).parts, loss, units, skip_nonfinite, apply)
         tokens = result.pop(TOKENS)
         steps.append({k: v / tokens if k in mean_keys else v for k, v in result.items()})
     return combine(steps, peak_keys)

@@ -33,9 +33,9 @@ class CriticWorker(TrainedRole):
     @register(Dispatch.DP_COMPUTE)
     def compute_values(self, batch: DataBatch) -> DataBatch:
         """``values`` ``[rows, response length]``: the value of the state before each response token."""
-        parts = self.engine.infer(micro_batches(batch, self.config.batch.micro_batch_sequences_per_rank),
-                                  self._values)
-        return DataBatch({"values": torch.cat(parts) * batch["response_mask"]})
+        micros = micro_batches(batch, self.config.batch)
+        values = micros.in_row_order(self.engine.infer(micros.parts, self._values))
+        return DataBatch({"values": values * batch["response_mask"]})
 
     @register(Dispatch.DP_COMPUTE)
     def update_critic(self, batch: DataBatch, seed: int = 0) -> DataBatch:
