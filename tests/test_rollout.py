@@ -66,6 +66,19 @@ def test_samples_per_prompt_seeds_and_shapes(model):
     assert not torch.equal(first["responses"], other["responses"])
 
 
+def test_samples_share_their_prompts_prefill_and_keep_honest_log_probs(model):
+    params = SamplingParams(max_new_tokens=10, n=3, seed=5, temperature=0.8)
+    batch = DataBatch(TorchRollout(model, params, TOKENIZER.eos_token_id, TOKENIZER.pad_token_id).generate(*encode()))
+    assert len(batch) == 12 and torch.equal(batch["prompts"][::3], encode()[0])
+    with torch.no_grad():
+        forward, _ = response_log_probs(model, batch, temperature=0.8)
+    assert not batch["response_mask"].all()  # some samples stopped early: rows leave the shared cache too
+    torch.testing.assert_close(batch["rollout_log_probs"], forward * batch["response_mask"], rtol=1e-5, atol=1e-5)
+    shared = run(model, SamplingParams(max_new_tokens=8, n=2, greedy=True, ignore_eos=True))["responses"]
+    alone = run(model, SamplingParams(max_new_tokens=8, greedy=True, ignore_eos=True))["responses"]
+    assert torch.equal(shared[::2], alone) and torch.equal(shared[1::2], alone)
+
+
 def test_top_k_one_and_tiny_top_p_are_greedy(model):
     greedy = run(model, SamplingParams(max_new_tokens=6, greedy=True, ignore_eos=True))["responses"]
     for params in (SamplingParams(max_new_tokens=6, top_k=1, seed=0, ignore_eos=True),

@@ -33,16 +33,14 @@ def generate(
     including the stop token), ``log_probs`` of the sampled tokens under the distribution they
     were drawn from (``sample_next``), and ``prompt_ids`` / ``prompt_mask`` repeated to match.
     """
-    if params.n > 1:
-        prompt_ids = prompt_ids.repeat_interleave(params.n, dim=0)
-        prompt_mask = prompt_mask.repeat_interleave(params.n, dim=0)
-    batch, prompt_len = prompt_ids.shape
     device = prompt_ids.device
+    prompts, prompt_len = prompt_ids.shape
+    batch = prompts * params.n
     stops = torch.tensor([*params.stop_token_ids, *([] if params.ignore_eos or eos_token_id is None
                                                      else [eos_token_id])], dtype=torch.long, device=device)
     generator = torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
     dtype = next(model.parameters()).dtype
-    cache = KVCache(model.config, batch, prompt_len + params.max_new_tokens, dtype, device, model.tp.size)
+    cache = KVCache(model.config, prompts, prompt_len + params.max_new_tokens, dtype, device, model.tp.size)
 
     responses = torch.full((batch, params.max_new_tokens), pad_token_id, dtype=torch.long, device=device)
     log_probs = torch.zeros(batch, params.max_new_tokens, dtype=torch.float32, device=device)
@@ -56,6 +54,10 @@ def generate(
         forced = schedule[torch.arange(batch, device=device) % len(schedule)]
 
     logits = model(prompt_ids, prompt_mask, cache=cache, keep_last=1)[:, 0]
+    if params.n > 1:  # each prompt's prefill is computed once and shared by its n samples (vLLM's parallel sampling)
+        samples = torch.arange(prompts, device=device).repeat_interleave(params.n)
+        prompt_ids, prompt_mask, logits = prompt_ids[samples], prompt_mask[samples], logits[samples]
+        cache.keep_rows(samples)
     for step in range(params.max_new_tokens):
         if forced is not None:
             logits = force_lengths(logits, step, forced[live], eos_token_id)

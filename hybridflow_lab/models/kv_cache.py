@@ -74,7 +74,8 @@ class KVCache:
         return self.keys[layer, :, :, : self.length], self.values[layer, :, :, : self.length]
 
     def keep_rows(self, rows: torch.Tensor) -> None:
-        """Drop the other rows (finished sequences) so later steps compute only what is left."""
+        """Keep only ``rows``, in that order (finished sequences dropped so later steps compute only what is left;
+        a row repeated to share its prefix between samples)."""
         self.keys = self.keys[:, rows]
         self.values = self.values[:, rows]
         self.valid = self.valid[rows]
