@@ -7,7 +7,7 @@ VLLM_VENV := .venv-vllm
 export HF_HUB_OFFLINE := 1
 export RAY_DEDUP_LOGS := 0
 
-.PHONY: demo demo-vllm models test test-fast test-vllm vllm-env lint browser dashboard bench-dispatch bench-e2e bench-trl clean lock lock-vllm tutorials-html
+.PHONY: demo demo-vllm models test test-fast test-vllm vllm-env lint browser dashboard bench-dispatch bench-e2e trl-env bench-trl clean lock lock-vllm tutorials-html
 
 $(VENV)/.runtime: requirements/runtime.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -86,9 +86,12 @@ bench-e2e: $(VENV)/.runtime
 	$(BIN)/hybridflow-lab bench e2e
 
 # TRL's GRPOTrainer on the same workload, in its own venv (benchmarks/README.md).
-bench-trl: requirements/trl-baseline.txt
+# `trl-env` only builds that venv (what `bench e2e --peer .venv-trl` needs); `bench-trl` also runs TRL once.
+trl-env: requirements/trl-baseline.txt
 	test -x .venv-trl/bin/python || $(PYTHON) -m venv .venv-trl
 	.venv-trl/bin/pip install --quiet -r requirements/trl-baseline.txt
+
+bench-trl: trl-env
 	.venv-trl/bin/python benchmarks/trl_grpo.py
 
 # Re-resolve the pins in a scratch venv (needs the package registries).

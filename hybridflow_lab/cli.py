@@ -310,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--minutes", type=float, help="soak: how long to run (default 10)")
     bench.add_argument("--workload", choices=["standard", "natural", "smollm2"],
                        help="e2e: what to run (default standard; see hybridflow_lab/bench/e2e.py)")
-    bench.add_argument("--peer", help="e2e: a virtualenv with TRL (make bench-trl: .venv-trl) to run the same workload "
+    bench.add_argument("--peer", help="e2e: a virtualenv with TRL (make trl-env: .venv-trl) to run the same workload "
                                       "in right after")
     bench.add_argument("--size", choices=["tiny", "standard", "small"], help="rollout: the model (default small)")
     bench.add_argument("--engine", choices=["deepspeed", "torch", "fsdp"], help="e2e: the actor's training engine "

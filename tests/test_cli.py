@@ -103,7 +103,7 @@ def test_bench_e2e_natural_workload_counts_the_real_tokens_of_its_forced_lengths
     assert all(0 < f < 1.5 for f in report["stage_flop_fraction"].values())
     missing = subprocess.run([sys.executable, "-m", "hybridflow_lab.cli", "bench", "e2e", "--quick", "--peer",
                               str(tmp_path / "no-venv")], capture_output=True, text=True, timeout=600)
-    assert missing.returncode != 0 and "make bench-trl" in missing.stderr
+    assert missing.returncode != 0 and "make trl-env" in missing.stderr
     wrong = subprocess.run([sys.executable, "-m", "hybridflow_lab.cli", "bench", "rollout", "--workload", "natural"],
                            capture_output=True, text=True, timeout=60)
     assert wrong.returncode != 0 and "--workload is for the e2e bench only" in wrong.stderr

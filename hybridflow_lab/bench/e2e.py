@@ -14,7 +14,7 @@ forward pass gives the old log-probs) and KL 0.04 to the reference:
 
 Reported beside the tokens/s: each stage's median seconds, each stage's FLOPs over its time and this
 machine's matmul rate (``stage_flop_fraction``), the step's share of that roofline, and with ``peer`` (a
-virtualenv holding TRL, ``make bench-trl``) TRL's ``GRPOTrainer`` on the same workload, run right after
+virtualenv holding TRL, ``make trl-env``) TRL's ``GRPOTrainer`` on the same workload, run right after
 (``peer_tok_s``, ``ratio_vs_peer``).
 """
 
@@ -144,7 +144,7 @@ def peer_command(venv: str, workload: str, steps: int, warmup: int) -> list[str]
     """The command that runs ``benchmarks/trl_grpo.py`` on ``workload`` from the virtualenv ``venv``."""
     python = Path(venv) / "bin" / "python"
     if not python.is_file():
-        raise SystemExit(f"hybridflow-lab bench e2e: error: --peer {venv} has no bin/python; `make bench-trl` "
+        raise SystemExit(f"hybridflow-lab bench e2e: error: --peer {venv} has no bin/python; `make trl-env` "
                          "creates .venv-trl with TRL")
     if not PEER_SCRIPT.is_file():
         raise SystemExit(f"hybridflow-lab bench e2e: error: no {PEER_SCRIPT}; --peer runs from a source checkout")
