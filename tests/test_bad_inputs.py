@@ -148,7 +148,7 @@ OVERRIDE_CASES = [
     Case("misspelt_rollout_key", ["rollout.temprature=0.7"], ConfigError, ("rollout.temprature",),
          "did you mean rollout.temperature?"),
     Case("unknown_key_like_none", ["batch.foo=1"], ConfigError, ("batch.foo",),
-         "valid keys here: micro_batch_sequences_per_rank, rollout_batch_prompts"),
+         "valid keys here: micro_batch_sequences_per_rank, micro_batch_tokens_per_rank, rollout_batch_prompts"),
     Case("override_without_value", ["actor.ranks"], ConfigError, ("actor.ranks",), "looks like key.path=value"),
     Case("value_for_a_section", ["batch=64"], ConfigError, ("batch",),
          "set its keys instead, e.g. batch.rollout_batch_prompts="),
