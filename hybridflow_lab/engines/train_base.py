@@ -249,7 +249,8 @@ class TrainEngine(ABC):
     def max_over_ranks(self, value: int) -> int:
         """The largest ``value`` any data-parallel rank passes (collective): how ranks agree on a count of
         micro-batches, since every rank must run as many backward passes as the others."""
-        return int(self._reduce({"value": torch.tensor(float(value), dtype=torch.float64)}, dist.ReduceOp.MAX)["value"])
+        count = torch.tensor(float(value), dtype=torch.float64, device="cpu")  # on gloo, as the unit count
+        return int(self._reduce({"count": count}, dist.ReduceOp.MAX)["count"])
 
     def _reduce(self, values: dict[str, torch.Tensor], op: dist.ReduceOp) -> dict[str, torch.Tensor]:
         """Each value reduced with ``op`` over the data-parallel ranks (one collective for all of them)."""

@@ -63,13 +63,14 @@ def micro_batches(rows: DataBatch, batch: BatchConfig, engine: TrainEngine | Non
     every data-parallel rank runs as many micro-batches as the rank that needs the most."""
     budget = batch.micro_batch_tokens_per_rank
     if budget <= 0:
-        return MicroBatches(rows.split(batch.micro_batch_sequences_per_rank), torch.arange(len(rows)))
+        return MicroBatches(rows.split(batch.micro_batch_sequences_per_rank), torch.arange(len(rows), device="cpu"))
     tokens = rows["attention_mask"].sum(-1).tolist()
     count = fewest_parts(tokens, budget)
     if engine is not None:
         count = engine.max_over_ranks(count)
     parts = balanced_parts(tokens, count)
-    return MicroBatches([rows[part] for part in parts], torch.tensor([row for part in parts for row in part]))
+    order = torch.tensor([row for part in parts for row in part], device="cpu")
+    return MicroBatches([rows[part] for part in parts], order)
 
 
 def balanced_parts(tokens: Sequence[int], count: int) -> list[list[int]]:
