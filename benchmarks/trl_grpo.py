@@ -16,6 +16,10 @@ model directory ``--model`` (SmolLM2-135M-Instruct) with its tokenizer, ``a+b=``
 chat template, prompts padded to the batch's longest, 64 forced completion tokens, real tokens counted.
 Prints one JSON object.
 
+``--pause-every K`` (``bench e2e --peer`` passes it): before its first step, and after the warmup and every K
+measured steps, the script prints ``{"paused": <steps done>}`` and waits for a line on stdin, so that its blocks
+of steps can alternate with another run's. Pauses are not timed.
+
 Runs in its own virtualenv (see benchmarks/README.md), not the project's::
 
     .venv-trl/bin/python benchmarks/trl_grpo.py --steps 8 --warmup 2
@@ -32,6 +36,7 @@ import os
 import random
 import statistics
 import string
+import sys
 import tempfile
 import time
 import warnings
@@ -139,21 +144,31 @@ class ShapeCheckingGRPOTrainer(GRPOTrainer):
 
 
 class StepTimer(TrainerCallback):
-    """Wall time of each optimizer step (generate, reward, reference, update)."""
+    """Wall time of each optimizer step (generate, reward, reference, update); before the steps numbered in
+    ``pause_before`` it says so on stdout and waits for a line on stdin, untimed."""
 
-    def __init__(self) -> None:
+    def __init__(self, pause_before: frozenset[int] = frozenset()) -> None:
         self.times: list[float] = []
+        self.pause_before = pause_before
         self._start = 0.0
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if len(self.times) in self.pause_before:
+            print(json.dumps({"paused": len(self.times)}), flush=True)
+            sys.stdin.readline()
         self._start = time.perf_counter()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.times.append(time.perf_counter() - self._start)
 
 
+def pauses(steps: int, warmup: int, every: int) -> frozenset[int]:
+    """The steps to pause before: the first, then after the warmup and every ``every`` measured steps (none if 0)."""
+    return frozenset([0, *range(warmup + every, warmup + steps, every)]) if every else frozenset()
+
+
 def run(steps: int = 8, warmup: int = 2, threads: int = 2, workload: str = "standard",
-        forced_lengths: list[int] | None = None, model: str | None = None) -> dict[str, Any]:
+        forced_lengths: list[int] | None = None, model: str | None = None, pause_every: int = 0) -> dict[str, Any]:
     torch.set_num_threads(threads)
     natural, real_model = workload == "natural", workload == "smollm2"
     if natural and not forced_lengths:
@@ -178,7 +193,7 @@ def run(steps: int = 8, warmup: int = 2, threads: int = 2, workload: str = "stan
             use_vllm=False, use_cpu=True, dataloader_num_workers=0, logging_steps=1, save_strategy="no",
             eval_strategy="no", report_to="none", disable_tqdm=True,
         )
-        timer = StepTimer()
+        timer = StepTimer(pauses(steps, warmup, pause_every))
         trainer = ShapeCheckingGRPOTrainer(
             model=model, reward_funcs=exact_sum, args=config, processing_class=tokenizer,
             train_dataset=arithmetic_dataset(PROMPTS * (warmup + steps), chat=real_model), callbacks=[timer],
@@ -222,12 +237,15 @@ def main() -> None:
     parser.add_argument("--forced-lengths", help="natural: comma-separated completion lengths, row r gets the "
                                                  "(r mod count)-th (bench e2e passes its schedule)")
     parser.add_argument("--model", help="smollm2: the imported SmolLM2-135M-Instruct directory")
+    parser.add_argument("--pause-every", type=int, default=0, help="pause before the first step, then after the "
+                                                                 "warmup and every N measured steps (see above)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     lengths = [int(n) for n in args.forced_lengths.split(",")] if args.forced_lengths else None
-    print(json.dumps(run(args.steps, args.warmup, args.threads, args.workload, lengths, args.model)))
+    print(json.dumps(run(args.steps, args.warmup, args.threads, args.workload, lengths, args.model,
+                         args.pause_every)))
 
 
 if __name__ == "__main__":

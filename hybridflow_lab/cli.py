@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workload", choices=["standard", "natural", "smollm2"],
                        help="e2e: what to run (default standard; see hybridflow_lab/bench/e2e.py)")
     bench.add_argument("--peer", help="e2e: a virtualenv with TRL (make trl-env: .venv-trl) to run the same workload "
-                                      "in right after")
+                                      "in, alternating with ours in blocks of steps")
     bench.add_argument("--size", choices=["tiny", "standard", "small"], help="rollout: the model (default small)")
     bench.add_argument("--engine", choices=["deepspeed", "torch", "fsdp"], help="e2e: the actor's training engine "
                                                                               "(default deepspeed)")

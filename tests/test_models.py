@@ -91,6 +91,18 @@ def test_sizes_and_seeds():
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
 
 
+def test_the_head_counts_its_flops_whether_or_not_it_is_tied_to_the_embeddings():
+    tokenizer = char_tokenizer()
+    config = tiny_config("tiny", "qwen2", tokenizer)
+    untied = describe(build_model(config))
+    config.tie_word_embeddings = True
+    tied = describe(build_model(config))
+    head = len(tokenizer) * config.hidden_size
+    assert untied["head_parameters"] == tied["head_parameters"] == head
+    assert untied["parameters"] - tied["parameters"] == head  # one weight matrix fewer when tied
+    assert untied["non_embedding_parameters"] == tied["non_embedding_parameters"]
+
+
 def test_missing_model_path_and_unsupported_architecture(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"model path '.*nowhere' does not exist; create one"):
         load_causal_lm(tmp_path / "nowhere")

@@ -14,21 +14,22 @@ forward pass gives the old log-probs) and KL 0.04 to the reference:
 
 Reported beside the tokens/s: each stage's median seconds, each stage's FLOPs over its time and this
 machine's matmul rate (``stage_flop_fraction``), the step's share of that roofline, and with ``peer`` (a
-virtualenv holding TRL, ``make trl-env``) TRL's ``GRPOTrainer`` on the same workload, run right after
-(``peer_tok_s``, ``ratio_vs_peer``).
+virtualenv holding TRL, ``make trl-env``) TRL's ``GRPOTrainer`` on the same workload (``peer_tok_s``,
+``ratio_vs_peer``). The two alternate in blocks of steps (``peer_block_steps``), each side idle while the other
+runs, so that the machine's slow minutes hit both alike.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import statistics
-import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hybridflow_lab.bench.peer import peer_command, started_peer
 from hybridflow_lab.bench.roofline import matmul_gflops
 from hybridflow_lab.models import create_model_dir, describe, load_causal_lm
 from hybridflow_lab.trainer.lab import Lab
@@ -37,7 +38,6 @@ STAGES = ("generate", "reward", "old_log_prob", "ref", "adv", "update_actor")
 FORWARDS = {"generate": 1, "old_log_prob": 1, "ref": 1, "update_actor": 3}  # backward = two forwards
 STANDARD_POSITIONS = 16 + 64  # per sequence: the padded prompt and the response
 NATURAL_LENGTHS = (2, 3, 5, 8, 12, 17, 23, 30, 38, 47, 57, 68, 80, 94, 110, 128)  # mean 45.1; divides 32 rows
-PEER_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "trl_grpo.py"
 
 
 def standard_lab(tmp: str, ranks: int = 2, engine: str = "deepspeed", backend: str = "ray",
@@ -71,6 +71,7 @@ class Workload:
     real_tokens: bool = True  # count the real tokens (else the standard workload's fixed 5120 positions)
     steps: int = 8
     warmup: int = 2
+    block: int = 2  # measured steps per block when alternating with the peer
 
 
 WORKLOADS = {
@@ -78,7 +79,7 @@ WORKLOADS = {
     "natural": Workload(("rollout.ignore_eos=false", f"rollout.forced_lengths={list(NATURAL_LENGTHS)}",
                          f"rollout.max_new_tokens={max(NATURAL_LENGTHS)}")),
     "smollm2": Workload(("rollout.max_prompt_tokens=48", "rollout.pad_prompts=false", "task.chat_template=true"),
-                        smollm2_dir, steps=3, warmup=1),
+                        smollm2_dir, steps=3, warmup=1, block=1),
 }
 
 
@@ -91,41 +92,53 @@ def step_tokens(metrics: dict[str, float], rows: int, real: bool) -> float:
 
 def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, engine: str = "deepspeed",
         backend: str = "ray", workload: str = "standard", peer: str | None = None) -> dict[str, Any]:
-    """``steps`` measured RL steps of ``workload`` after ``warmup`` (default: the workload's), then with
-    ``peer`` TRL's on the same workload; one JSON-ready report."""
+    """``steps`` measured RL steps of ``workload`` after ``warmup`` (default: the workload's), with ``peer``
+    alternating with TRL's on the same workload; one JSON-ready report."""
     spec = WORKLOADS[workload]
     steps, warmup = steps or spec.steps, warmup if warmup is not None else spec.warmup
-    command = peer_command(peer, workload, steps, warmup) if peer else None  # a bad peer fails before any run
-    with tempfile.TemporaryDirectory() as tmp:
+    lengths = NATURAL_LENGTHS if workload == "natural" else ()
+    command = peer_command(peer, workload, steps, warmup, spec.block, lengths) if peer else None  # fails before runs
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         model = spec.model(tmp) if spec.model else None
+        theirs = None
+        if command:  # set up before our Lab starts, so that neither side's setup overlaps the other's steps
+            theirs = stack.enter_context(started_peer([*command, *(["--model", str(model)] if model else [])]))
         lab = standard_lab(tmp, ranks, engine, backend, (*([f"actor.model_path={model}"] if model else []),
                                                          *spec.overrides))
-        parameters = describe(load_causal_lm(lab.config.actor.model_path))["non_embedding_parameters"]
+        stack.callback(lab.shutdown)
+        counts = describe(load_causal_lm(lab.config.actor.model_path))
         rows = lab.config.batch.step_sequences
-        try:
-            history = [lab.step() for _ in range(warmup + steps)][warmup:]
-        finally:
-            lab.shutdown()
-        report = throughput(history, rows, parameters, spec.real_tokens, matmul_gflops())
+        for _ in range(warmup):
+            lab.step()
+        history: list[dict[str, float]] = []
+        peer_report = None
+        for start in range(0, steps, spec.block):
+            history += [lab.step() for _ in range(min(spec.block, steps - start))]
+            peer_report = theirs.next_block() if theirs else None
+        report = throughput(history, rows, counts["non_embedding_parameters"], counts["head_parameters"],
+                            spec.real_tokens, matmul_gflops())
         report = {"bench": "e2e", "workload": workload, "actor_ranks": ranks, "engine": lab.config.actor.engine.backend,
                   "steps": steps, **report}
-        if command:
-            theirs = peer_run([*command, *(["--model", str(model)] if model else [])])
-            report.update(peer_tok_s=theirs["tokens_per_s_median"], peer_step_s=theirs["step_s_median"],
-                          ratio_vs_peer=round(report["tokens_per_s_median"] / theirs["tokens_per_s_median"], 3),
-                          peer=theirs)
+        if peer_report:
+            report.update(peer_tok_s=peer_report["tokens_per_s_median"], peer_step_s=peer_report["step_s_median"],
+                          ratio_vs_peer=round(report["tokens_per_s_median"] / peer_report["tokens_per_s_median"], 3),
+                          peer_block_steps=spec.block, peer=peer_report)
     return report
 
 
-def throughput(history: list[dict[str, float]], rows: int, parameters: int, real_tokens: bool,
+def throughput(history: list[dict[str, float]], rows: int, parameters: int, head: int, real_tokens: bool,
                rate: float) -> dict[str, Any]:
-    """Tokens/s, per-stage medians and FLOP fractions of measured steps; ``rate`` is the matmul GFLOP/s."""
+    """Tokens/s, per-stage medians and FLOP fractions of measured steps; ``rate`` is the matmul GFLOP/s,
+    ``parameters`` the non-embedding ones and ``head`` the lm_head's."""
     tokens = [step_tokens(m, rows, real_tokens) for m in history]
     step_s = statistics.median(m["timing_s/step"] for m in history)
     tokens_median = statistics.median(tokens)
+    responses = rows * statistics.median(m["response_length/mean"] for m in history)
     stage_s = {s: statistics.median(m.get(f"timing_s/{s}", 0.0) for m in history) for s in STAGES}
-    # forward = 2 N flops per token; the old log-probs' pass only when that stage ran
-    stage_gflop = {s: 2 * parameters * tokens_median * n / 1e9 for s, n in FORWARDS.items() if stage_s[s] > 0}
+    # a forward is 2 N flops per token, plus the head's at each response token (where logits are computed); the
+    # old log-probs' pass counts only when that stage ran
+    forward_gflop = 2 * (parameters * tokens_median + head * responses) / 1e9
+    stage_gflop = {s: forward_gflop * n for s, n in FORWARDS.items() if stage_s[s] > 0}
     flops = sum(stage_gflop.values())
     return {
         "tokens_counted": "real prompt + response tokens" if real_tokens else "prompt positions + response tokens",
@@ -138,23 +151,3 @@ def throughput(history: list[dict[str, float]], rows: int, parameters: int, real
         "roofline_fraction": round(flops / step_s / rate, 3),
         "roofline_tokens_per_s": round(tokens_median / (flops / rate), 1),
     }
-
-
-def peer_command(venv: str, workload: str, steps: int, warmup: int) -> list[str]:
-    """The command that runs ``benchmarks/trl_grpo.py`` on ``workload`` from the virtualenv ``venv``."""
-    python = Path(venv) / "bin" / "python"
-    if not python.is_file():
-        raise SystemExit(f"hybridflow-lab bench e2e: error: --peer {venv} has no bin/python; `make trl-env` "
-                         "creates .venv-trl with TRL")
-    if not PEER_SCRIPT.is_file():
-        raise SystemExit(f"hybridflow-lab bench e2e: error: no {PEER_SCRIPT}; --peer runs from a source checkout")
-    command = [str(python), str(PEER_SCRIPT), "--workload", workload, "--steps", str(steps), "--warmup", str(warmup)]
-    return command + (["--forced-lengths", ",".join(map(str, NATURAL_LENGTHS))] if workload == "natural" else [])
-
-
-def peer_run(command: list[str]) -> dict[str, Any]:
-    """The peer's JSON report (its last line of output)."""
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise RuntimeError(f"the TRL peer failed ({' '.join(command)}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -86,7 +86,9 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
         medians = {name: statistics.median(t) for name, t in times.items()}
         engines: dict[str, Any] = {name: {"tok_s": round(prompts * new_tokens / s, 1)} for name, s in medians.items()}
         threads = torch.get_num_threads()
-        gflop = 2 * describe(ours)["non_embedding_parameters"] * prompts * (prompt_tokens + new_tokens) / 1e9
+        counts = describe(ours)
+        gflop = 2 * prompts * (counts["non_embedding_parameters"] * (prompt_tokens + new_tokens)
+                               + counts["head_parameters"] * new_tokens) / 1e9
         bound_s = gflop / matmul_gflops()
         if importlib.util.find_spec("vllm") is None:
             engines["vllm"] = {"skipped": "vllm is not installed here; run from .venv-vllm (make vllm-env)"}
@@ -94,7 +96,7 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
             greedy = ours_run(replace(params, greedy=True))["responses"]
             engines["vllm"] = vllm_row(path, ids, mask, params, greedy, tokenizer.pad_token_id, repeats)
     return {
-        "bench": "rollout", "model": size, "parameters": describe(ours)["parameters"], "prompts": prompts,
+        "bench": "rollout", "model": size, "parameters": counts["parameters"], "prompts": prompts,
         "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "threads": threads, "engines": engines,
         "hf_over_torch_seconds": round(medians["hf"] / medians["torch"], 3),
         "gflop": round(gflop, 2), "matmul_bound_s": round(bound_s, 3),

@@ -307,7 +307,9 @@ def init_weights(model: nn.Module, std: float, seed: int) -> None:
 
 
 def describe(model: nn.Module) -> dict[str, Any]:
-    """Parameter counts (total and without embeddings / head), for logs and FLOP estimates."""
+    """Parameter counts (total, without embeddings / head, and the head's, which costs FLOPs at every logit even
+    when tied to the embeddings), for logs and FLOP estimates."""
     total = sum(p.numel() for p in model.parameters())
     embed = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" in n or "lm_head" in n)
-    return {"parameters": total, "non_embedding_parameters": total - embed}
+    head = sum(p.numel() for n, p in model.named_parameters(remove_duplicate=False) if n.startswith("lm_head"))
+    return {"parameters": total, "non_embedding_parameters": total - embed, "head_parameters": head}
