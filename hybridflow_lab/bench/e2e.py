@@ -16,7 +16,8 @@ Reported beside the tokens/s: each stage's median seconds, each stage's FLOPs ov
 machine's matmul rate (``stage_flop_fraction``), the step's share of that roofline, and with ``peer`` (a
 virtualenv holding TRL, ``make trl-env``) TRL's ``GRPOTrainer`` on the same workload (``peer_tok_s``,
 ``ratio_vs_peer``). The two alternate in blocks of steps (``peer_block_steps``), each side idle while the other
-runs, so that the machine's slow minutes hit both alike.
+runs, so that the machine's slow minutes hit both alike; on ``smollm2``, whose TRL step needs 14 GB beside our
+Lab's, ours run first and TRL's after our Lab has shut down.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class Workload:
     real_tokens: bool = True  # count the real tokens (else the standard workload's fixed 5120 positions)
     steps: int = 8
     warmup: int = 2
-    block: int = 2  # measured steps per block when alternating with the peer
+    block: int | None = 2  # measured steps per block when alternating with the peer; None: ours all, then TRL's
 
 
 WORKLOADS = {
@@ -79,7 +80,7 @@ WORKLOADS = {
     "natural": Workload(("rollout.ignore_eos=false", f"rollout.forced_lengths={list(NATURAL_LENGTHS)}",
                          f"rollout.max_new_tokens={max(NATURAL_LENGTHS)}")),
     "smollm2": Workload(("rollout.max_prompt_tokens=48", "rollout.pad_prompts=false", "task.chat_template=true"),
-                        smollm2_dir, steps=3, warmup=1, block=1),
+                        smollm2_dir, steps=3, warmup=1, block=None),  # TRL's step holds 14 GB
 }
 
 
@@ -97,7 +98,8 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
     spec = WORKLOADS[workload]
     steps, warmup = steps or spec.steps, warmup if warmup is not None else spec.warmup
     lengths = NATURAL_LENGTHS if workload == "natural" else ()
-    command = peer_command(peer, workload, steps, warmup, spec.block, lengths) if peer else None  # fails before runs
+    block = spec.block or steps
+    command = peer_command(peer, workload, steps, warmup, block, lengths) if peer else None  # fails before any run
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         model = spec.model(tmp) if spec.model else None
         theirs = None
@@ -112,8 +114,10 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
             lab.step()
         history: list[dict[str, float]] = []
         peer_report = None
-        for start in range(0, steps, spec.block):
-            history += [lab.step() for _ in range(min(spec.block, steps - start))]
+        for start in range(0, steps, block):
+            history += [lab.step() for _ in range(min(block, steps - start))]
+            if theirs and spec.block is None:
+                lab.shutdown()  # the two do not fit in this machine's memory together
             peer_report = theirs.next_block() if theirs else None
         report = throughput(history, rows, counts["non_embedding_parameters"], counts["head_parameters"],
                             spec.real_tokens, matmul_gflops())
@@ -122,7 +126,7 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
         if peer_report:
             report.update(peer_tok_s=peer_report["tokens_per_s_median"], peer_step_s=peer_report["step_s_median"],
                           ratio_vs_peer=round(report["tokens_per_s_median"] / peer_report["tokens_per_s_median"], 3),
-                          peer_block_steps=spec.block, peer=peer_report)
+                          peer_block_steps=spec.block or "none: ours, then TRL's", peer=peer_report)
     return report
 
 
