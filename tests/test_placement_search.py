@@ -16,9 +16,16 @@ from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.placement.automap import AutoMapper, ColocatedSet, compositions, plan_of, set_partitions
 from hybridflow_lab.placement.hardware import PROFILES, HardwareProfile, get_profile
 from hybridflow_lab.placement.report import compare_with_paper, plans_table
-from hybridflow_lab.placement.simulator import ModelCost, Parallelism, generation_s, reshard_s, training_s
+from hybridflow_lab.placement.simulator import (
+    ModelCost,
+    Parallelism,
+    generation_s,
+    reshard_s,
+    resident_bytes,
+    training_s,
+)
 from hybridflow_lab.placement.suggest import lab_mapper, suggest
-from hybridflow_lab.placement.workload import LLAMA, Workload
+from hybridflow_lab.placement.workload import LLAMA, Workload, workload_from_config
 
 A100 = PROFILES["a100-80gb"]
 
@@ -68,6 +75,25 @@ def test_generation_is_memory_bound_and_needs_room_for_a_kv_cache():
     cramped = generation_s(spec, Parallelism(8, 1, 2, 2), workload, A100, 6 * 2**30)
     assert cramped > roomy  # fewer sequences per wave, more waves
     assert generation_s(spec, Parallelism(8, 1, 2, 2), workload, A100, 2**30) == math.inf
+
+
+def test_token_budget_micro_batches_size_the_simulated_activations_and_pipeline_bubble(tmp_path):
+    model = create_model_dir(tmp_path / "m", "tiny", "qwen2", seed=0)
+    overrides = [f"actor.model_path={model}", "batch.micro_batch_sequences_per_rank=4"]
+    by_sequences = workload_from_config(resolve_config("arithmetic_grpo", overrides))
+    longest = by_sequences.sequence_tokens
+    by_tokens = workload_from_config(resolve_config(
+        "arithmetic_grpo", [*overrides, f"batch.micro_batch_tokens_per_rank={16 * longest}"]))
+    assert (by_sequences.tokens_per_micro_batch, by_tokens.tokens_per_micro_batch) == (4 * longest, 16 * longest)
+    spec, single = by_sequences.models["actor"], Parallelism(1, 1, 1)
+    extra = resident_bytes("actor", spec, single, by_tokens) - resident_bytes("actor", spec, single, by_sequences)
+    assert extra == 12 * longest * spec.hidden * 4 * (spec.layers + 16)  # 12 more tokens' layer inputs, float32
+
+    paper, pipelined = Workload.paper_ppo("7B"), Parallelism(2, 4, 2)
+    same = dataclasses.replace(paper, micro_batch_tokens=paper.micro_batch_sequences * paper.sequence_tokens)
+    fewer = dataclasses.replace(paper, micro_batch_tokens=64 * paper.sequence_tokens)
+    assert training_s(LLAMA["7B"], pipelined, same, A100) == training_s(LLAMA["7B"], pipelined, paper, A100)
+    assert training_s(LLAMA["7B"], pipelined, fewer, A100) > training_s(LLAMA["7B"], pipelined, paper, A100)
 
 
 def test_reshard_cost_is_table_2_bytes_over_the_link():

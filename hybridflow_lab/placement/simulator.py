@@ -62,7 +62,7 @@ def resident_bytes(role: str, spec: ModelSpec, parallel: Parallelism, workload: 
     if role not in TRAINED:
         return weights
     optimizer = spec.params * ADAM_BYTES_PER_PARAM / (shards * parallel.d)
-    layer_inputs = workload.micro_batch_sequences * workload.sequence_tokens * spec.hidden * workload.dtype_bytes
+    layer_inputs = workload.tokens_per_micro_batch * spec.hidden * workload.dtype_bytes
     activations = layer_inputs * (spec.layers / parallel.p + 16 / parallel.t)  # checkpoints + one live layer
     return 2 * weights + optimizer + activations
 
@@ -74,7 +74,7 @@ def _forward_s(spec: ModelSpec, parallel: Parallelism, workload: Workload, hw: H
     flops = passes * tokens * spec.flops_per_token(workload.sequence_tokens // 2)
     compute = flops / (parallel.devices * hw.flops * efficiency * hw.share(parallel.devices))
     tokens_per_replica = tokens / parallel.d
-    micro_batches = max(1, math.ceil(sequences / parallel.d / workload.micro_batch_sequences))
+    micro_batches = max(1, math.ceil(tokens_per_replica / workload.tokens_per_micro_batch))
     bubble = 1 + (parallel.p - 1) / micro_batches
     tp_comm = 0.0
     if parallel.t > 1:  # two activation all-reduces per layer per forward-equivalent (ring: 2 (t-1)/t each)

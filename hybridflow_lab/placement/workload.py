@@ -88,6 +88,7 @@ class Workload:
     samples_per_prompt: int = 1
     update_epochs: int = 1
     micro_batch_sequences: int = 8
+    micro_batch_tokens: int = 0  # > 0: micro-batches cut by this many tokens (verl's use_dynamic_bsz), not sequences
     dtype_bytes: int = 2
     recompute_log_probs: bool = True  # False: one optimizer step per batch, the update's forward gives them
     name: str = "workload"
@@ -105,6 +106,11 @@ class Workload:
     @property
     def sequence_tokens(self) -> int:
         return self.prompt_tokens + self.response_tokens
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        """The most tokens one training or inference pass holds: the token budget, or that many full sequences."""
+        return self.micro_batch_tokens or self.micro_batch_sequences * self.sequence_tokens
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -136,5 +142,6 @@ def workload_from_config(config: LabConfig) -> Workload:
     return Workload(models, prompts=batch.rollout_batch_prompts, prompt_tokens=config.rollout.max_prompt_tokens,
                     response_tokens=config.rollout.max_new_tokens, samples_per_prompt=batch.samples_per_prompt,
                     update_epochs=batch.update_epochs, micro_batch_sequences=batch.micro_batch_sequences_per_rank,
-                    dtype_bytes=4, recompute_log_probs=needs.old_log_probs,
+                    micro_batch_tokens=batch.micro_batch_tokens_per_rank, dtype_bytes=4,
+                    recompute_log_probs=needs.old_log_probs,
                     name=f"{config.algorithm.name}-{config.task.name}")
