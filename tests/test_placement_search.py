@@ -87,7 +87,7 @@ def test_token_budget_micro_batches_size_the_simulated_activations_and_pipeline_
     assert (by_sequences.tokens_per_micro_batch, by_tokens.tokens_per_micro_batch) == (4 * longest, 16 * longest)
     spec, single = by_sequences.models["actor"], Parallelism(1, 1, 1)
     extra = resident_bytes("actor", spec, single, by_tokens) - resident_bytes("actor", spec, single, by_sequences)
-    assert extra == 12 * longest * spec.hidden * 4 * (spec.layers + 16)  # 12 more tokens' layer inputs, float32
+    assert extra == 12 * longest * spec.hidden * 4 * (spec.layers + 16)  # 12 more full sequences' layer inputs, float32
 
     paper, pipelined = Workload.paper_ppo("7B"), Parallelism(2, 4, 2)
     same = dataclasses.replace(paper, micro_batch_tokens=paper.micro_batch_sequences * paper.sequence_tokens)
