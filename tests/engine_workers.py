@@ -73,6 +73,12 @@ class EngineProbe(TrainedRole):
         return self.engine.full_state_dict()
 
     @register(Dispatch.ONE_TO_ALL)
+    def gradient_bucket(self) -> dict[str, int]:
+        """The elements of DeepSpeed's gradient bucket (allocated whole on every rank) and of the trained model."""
+        return {"bucket": self.engine.engine.zero_reduce_bucket_size(),
+                "parameters": sum(p.numel() for p in self.engine.engine.module.parameters())}
+
+    @register(Dispatch.ONE_TO_ALL)
     def streamed_weights(self) -> dict[str, torch.Tensor]:
         """The full weights as a rollout engine's sync receives them (``full_weights``, one module at a time)."""
         return dict(self.engine.full_weights())

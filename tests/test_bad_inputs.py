@@ -303,6 +303,9 @@ OVERRIDE_CASES = [
          ("critic.model_path", "vocab_size 50"), "a model whose vocab_size is at least 100"),
     Case("missing_reward_model", ["reward_model_path=/nonexistent/rm"], ConfigError,
          ("reward_model_path", "does not exist"), "create_model_dir"),
+    Case("reward_model_without_a_scalar_head", ["reward_model_path={tiny}"], ConfigError,
+         ("reward_model_path", "no scalar head (score.weight)", "would score every response 0"),
+         "leave reward_model_path empty to score with the task's rule"),
     # tasks and prompts
     Case("gsm8k_without_dataset", ["task.name=gsm8k"], ConfigError, ("task.dataset_path",),
          "needs a .jsonl or .parquet file"),

@@ -59,6 +59,26 @@ def test_groups_on_one_pool_share_its_slots_and_other_pools_are_apart(no_leaks):
             group.shutdown()
 
 
+def test_a_pool_gives_its_slots_back_when_its_last_group_shuts_down(ray_cluster, no_leaks):
+    # On a GPU machine a slot is a whole GPU: a pool the notebook still holds must not keep it from the next group
+    pool = ResourcePool(2)
+    first, second = WorkerGroup(Echo, pool), WorkerGroup(Echo, pool)
+    try:
+        (reservation,) = set(first.placement_group())
+        first.shutdown()
+        assert second.scale(DataBatch({"x": torch.ones(2)}))["y"].tolist() == [2.0, 2.0]  # the colocated group runs on
+        assert reservation_state(ray_cluster, reservation) == "CREATED"
+    finally:
+        second.shutdown()
+    assert reservation_state(ray_cluster, reservation) == "REMOVED"
+    with WorkerGroup(Echo, pool) as again:  # the pool reserves slots anew for its next group
+        assert set(again.placement_group()).isdisjoint({reservation})
+
+
+def reservation_state(ray_cluster, placement_group_id: str) -> str:
+    return ray_cluster.util.placement_group_table()[placement_group_id]["state"]
+
+
 def test_failing_constructor_names_the_rank_and_leaves_nothing_running(no_leaks):
     with pytest.raises(WorkerCallError) as info:
         WorkerGroup(BrokenInit, ResourcePool(2), name="broken")

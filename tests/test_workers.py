@@ -176,6 +176,12 @@ def test_reward_model_scores_the_last_token(model_dir, tmp_path):
     assert torch.equal(out["token_level_scores"][torch.arange(8), last], out["scores"])
 
 
+def test_a_causal_lm_is_refused_as_a_reward_model(model_dir):
+    # its zero-initialised head would score every response 0, and PPO would train on nothing
+    with pytest.raises(WorkerCallError, match=r"no scalar head \(score.weight\).*would score every response 0"):
+        WorkerGroup(Role(RewardModelWorker, model_dir), backend="local")
+
+
 def test_rule_scores_use_prompt_response_and_truth():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     batch = DataBatch({"response_mask": mask}, {"prompt_text": ["1+2=", "2+2="], "response_text": ["3", "5"],

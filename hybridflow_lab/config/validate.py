@@ -16,6 +16,7 @@ from hybridflow_lab.algorithms.rollout_correction import LEVELS as ROLLOUT_CORRE
 from hybridflow_lab.config.loading import ConfigError
 from hybridflow_lab.config.schema import RESHARD_STRATEGIES, TRAIN_BACKENDS, LabConfig, RoleConfig, RolloutConfig
 from hybridflow_lab.models.factory import load_config
+from hybridflow_lab.models.heads import has_trained_head, untrained_head_message
 from hybridflow_lab.models.tensor_parallel import check_shardable
 from hybridflow_lab.models.tokenizers import load_tokenizer
 
@@ -144,6 +145,8 @@ def validate(config: LabConfig, roles: tuple[str, ...] = ("actor", "critic")) ->
     _check_device(config, pooled)
     _check_rollout(config)
     _check_vocabulary(config, roles)
+    if config.reward_model_path and not has_trained_head(config.reward_model_path):
+        raise ConfigError("reward_model_path", untrained_head_message(config.reward_model_path))
 
 
 def _check_bounds(config: LabConfig, bounds: Iterable[Bound]) -> None:

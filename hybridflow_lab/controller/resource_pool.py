@@ -20,7 +20,8 @@ class ResourcePool:
     ``ResourcePool(4)`` is 4 slots on one node; ``ResourcePool([8, 8])`` is 8 on each of two
     nodes. Groups built on the same pool share its slots (colocation: rank i of every group
     lands in slot i); groups on different pools run on disjoint devices (split placement).
-    Placement groups are reserved in Ray when the first ray-backed group needs them.
+    Placement groups are reserved in Ray when the first ray-backed group needs them, and given back when the
+    last group placed on the pool shuts down (on a GPU machine a slot is a whole GPU).
     """
 
     def __init__(
@@ -41,6 +42,7 @@ class ResourcePool:
         self.name = name or f"pool{next(_pool_ids)}"
         self._placement_groups: list[PlacementGroup] = []
         self._finalizer: weakref.finalize | None = None
+        self._groups = 0
 
     @property
     def world_size(self) -> int:
@@ -127,6 +129,16 @@ class ResourcePool:
         if self.resolve_gpu():
             options["num_gpus"] = 1 / self.max_colocate
         return options
+
+    def attach(self) -> None:
+        """A group now runs on these slots: they stay reserved until it detaches."""
+        self._groups += 1
+
+    def detach(self) -> None:
+        """A group placed here stopped; the slots go back to Ray once no group runs on them."""
+        self._groups -= 1
+        if self._groups == 0:
+            self.release()
 
     def release(self) -> None:
         """Give the slots back to Ray; Ray stops any rank still placed on them."""

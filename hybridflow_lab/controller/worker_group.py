@@ -89,7 +89,8 @@ class WorkerGroup:
             self._backend = LocalRanks(infos)
         self._inflight: weakref.WeakSet[PendingCall] = weakref.WeakSet()
         unpoll = self.telemetry.add_poller(_weak_poller(self))
-        self._finalizer = weakref.finalize(self, _close, self._backend, unpoll, self.name)
+        self.pool.attach()
+        self._finalizer = weakref.finalize(self, _close, self._backend, unpoll, self.name, self.pool)
         _live_groups[self.name] = weakref.ref(self)
         try:
             self._backend.start(self.roles)
@@ -380,9 +381,10 @@ def _weak_poller(group: WorkerGroup) -> Callable[[], None]:
     return poll
 
 
-def _close(backend: RayRanks | LocalRanks, unpoll: Callable[[], None], name: str) -> None:
+def _close(backend: RayRanks | LocalRanks, unpoll: Callable[[], None], name: str, pool: ResourcePool) -> None:
     unpoll()
     backend.shutdown()
+    pool.detach()
     if name in _live_groups and _live_groups[name]() is None:
         del _live_groups[name]
 

@@ -27,6 +27,7 @@ from hybridflow_lab.models.lora import has_adapters, trainable_parameters
 
 CHECKPOINT_TAG = "checkpoint"
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default reduce and all-gather bucket
 
 
 def import_deepspeed(device: str = "cpu") -> ModuleType:
@@ -42,8 +43,11 @@ def import_deepspeed(device: str = "cpu") -> ModuleType:
 
 
 def deepspeed_config(optim: OptimConfig, zero_stage: int, micro_batch_size: int, micro_batches_per_step: int,
-                     offload: bool, bf16: bool) -> dict[str, Any]:
-    zero: dict[str, Any] = {"stage": zero_stage}
+                     offload: bool, bf16: bool, trainable_elements: int) -> dict[str, Any]:
+    # DeepSpeed allocates its gradient bucket whole (by default 5e8 elements: 1.9 GiB in fp32 on every rank, for
+    # any model); one larger than the trained parameters holds nothing more, so it is capped there
+    bucket = min(DEEPSPEED_BUCKET_ELEMENTS, trainable_elements)
+    zero: dict[str, Any] = {"stage": zero_stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
     if offload:
         zero["offload_optimizer"] = {"device": "cpu"}
         if zero_stage == 3:
@@ -89,7 +93,8 @@ class DeepSpeedEngine(TrainEngine):
         self.zero_stage, self.state_on_host = zero_stage, offload
         optimizer = build_optimizer(trainable_parameters(model), optim)
         self.adapters_only = has_adapters(model)  # a LoRA checkpoint holds the adapters, not the frozen base
-        config = deepspeed_config(optim, zero_stage, micro_batch_size, micro_batches_per_step, offload, bf16)
+        elements = sum(p.numel() for p in trainable_parameters(model))
+        config = deepspeed_config(optim, zero_stage, micro_batch_size, micro_batches_per_step, offload, bf16, elements)
         self.engine, self.optimizer, _, self.scheduler = self.deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=build_scheduler(optimizer, optim), config=config,
             dist_init_required=False,

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, LlamaConfig, PretrainedConfig, PreTrainedTokenizerBase, Qwen2Config
 
@@ -145,6 +146,17 @@ def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
             f"hybridflow_lab.models.convert_to_safetensors({str(path)!r})"
         )
     raise FileNotFoundError(f"{path} has neither {WEIGHTS} nor {WEIGHTS_INDEX}")
+
+
+def weight_names(path: str | os.PathLike[str]) -> set[str]:
+    """The tensor names of a model directory, read from the safetensors headers (no tensor is loaded)."""
+    path = Path(path)
+    if (path / WEIGHTS).is_file():
+        with safe_open(path / WEIGHTS, "pt") as weights:
+            return set(weights.keys())
+    if (path / WEIGHTS_INDEX).is_file():
+        return set(json.loads((path / WEIGHTS_INDEX).read_text())["weight_map"])
+    return set(read_weights(path))  # raises, naming what the directory holds instead
 
 
 def load_causal_lm(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> DecoderLM:

@@ -14,8 +14,10 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from hybridflow_lab.models.decoder import Backbone, init_weights
-from hybridflow_lab.models.factory import load_config, load_matching, read_weights
+from hybridflow_lab.models.factory import load_config, load_matching, read_weights, weight_names
 from hybridflow_lab.models.packing import Packing
+
+SCORE_HEAD = "score.weight"
 
 
 class ScalarHeadModel(nn.Module):
@@ -41,20 +43,34 @@ def scalar_config(config: PretrainedConfig) -> PretrainedConfig:
     return config
 
 
-def load_scalar_model(path: str | os.PathLike[str], seed: int = 0) -> ScalarHeadModel:
+def load_scalar_model(path: str | os.PathLike[str], seed: int = 0, trained_head: bool = False) -> ScalarHeadModel:
     """Load a scalar-head model; from a causal-LM directory the backbone loads and the head starts at zero.
 
-    Starting the critic from the policy's backbone is the usual PPO initialisation.
+    Starting the critic from the policy's backbone is the usual PPO initialisation. A reward model passes
+    ``trained_head=True``: a zero head would score every sequence 0, so a directory without one is refused.
     """
     config = load_config(path)
     weights = read_weights(path)
     model = ScalarHeadModel(scalar_config(config))
-    if "score.weight" in weights:
+    if SCORE_HEAD in weights:
         load_matching(model, weights, str(path))
+    elif trained_head:
+        raise ValueError(untrained_head_message(path))
     else:
         init_weights(model.score, std=0.0, seed=seed)
-        load_matching(model, weights, str(path), allow_missing=("score.weight",), ignore_unexpected=("lm_head.",))
+        load_matching(model, weights, str(path), allow_missing=(SCORE_HEAD,), ignore_unexpected=("lm_head.",))
     return model
+
+
+def has_trained_head(path: str | os.PathLike[str]) -> bool:
+    """Whether a model directory holds a scalar head (a reward model or a critic), not only a causal LM."""
+    return SCORE_HEAD in weight_names(path)
+
+
+def untrained_head_message(path: str | os.PathLike[str]) -> str:
+    return (f"{path} has no scalar head ({SCORE_HEAD}): it is a causal LM, not a trained reward model, and would "
+            "score every response 0; point it at a reward model's directory (a ScalarHeadModel saved with "
+            "save_model_dir), or leave reward_model_path empty to score with the task's rule")
 
 
 def last_token_scores(scores: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -20,8 +20,11 @@ CHECKS: dict[str, Callable[[checks.SmokeSetup], dict[str, Any]]] = {
 }
 
 
-def run(device: str, names: list[str], engines: tuple[tuple[str, int], ...] = checks.ENGINES) -> dict[str, Any]:
-    """The versions, then each named check (a failing one is reported with its error, the rest still run)."""
+def run(device: str, names: list[str], engines: tuple[tuple[str, int], ...] = checks.ENGINES,
+        out: Path | None = None) -> dict[str, Any]:
+    """The versions, then each named check (a failing one is reported with its error, the rest still run).
+    With ``out``, the summary so far is written there after every check, so a run stopped by a time limit keeps
+    what it found."""
     import ray
 
     from hybridflow_lab.controller import init_cluster, shutdown_cluster
@@ -42,12 +45,21 @@ def run(device: str, names: list[str], engines: tuple[tuple[str, int], ...] = ch
                     result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000],
                               "traceback": traceback.format_exc()[-4000:]}
                 summary["checks"][name] = {**result, "seconds": round(time.perf_counter() - began, 1)}
+                if out:
+                    write(summary, out)
     finally:
         if own_cluster:
             shutdown_cluster()
     summary["ok"] = all(c["ok"] for c in summary["checks"].values())
     summary["seconds"] = round(time.perf_counter() - start, 1)
+    if out:
+        write(summary, out)
     return summary
+
+
+def write(summary: dict[str, Any], path: Path) -> None:
+    """``summary`` as indented JSON, written to ``path``."""
+    path.write_text(json.dumps(summary, indent=1, default=str))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,11 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown checks {unknown}; known: {', '.join(CHECKS)}")
     engines = tuple(e for e in checks.ENGINES if not args.engines or f"{e[0]}{e[1] or ''}" in args.engines.split(","))
-    summary = run(args.device, names, engines)
-    text = json.dumps(summary, indent=1, default=str)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    summary = run(args.device, names, engines, Path(args.out) if args.out else None)
+    print(json.dumps(summary, indent=1, default=str))
     return 0 if summary["ok"] else 1
 
 

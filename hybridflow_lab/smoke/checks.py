@@ -22,8 +22,9 @@ from hybridflow_lab.config import (
     RolloutConfig,
 )
 from hybridflow_lab.controller import Mesh, ResourcePool, Role, WorkerGroup
-from hybridflow_lab.models import char_tokenizer, create_model_dir
+from hybridflow_lab.models import char_tokenizer, create_model_dir, save_model_dir
 from hybridflow_lab.models.decoder import positions_from_mask
+from hybridflow_lab.models.heads import load_scalar_model
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.smoke.probes import EngineCheck, PlacementProbe, SmokeActor
 from hybridflow_lab.tasks.prompts import encode_prompts
@@ -206,12 +207,20 @@ def _contains_in_order(seen: list[str], order: list[str]) -> bool:
     return any(seen[i:i + len(order)] == order for i in range(len(seen)))
 
 
+def reward_model_dir(path: Path) -> Path:
+    """A reward model on a tiny backbone with a random head, so that responses score differently."""
+    scorer = load_scalar_model(create_model_dir(path / "backbone", "tiny", "qwen2", seed=1))
+    torch.nn.init.normal_(scorer.score.weight, std=0.5, generator=torch.Generator().manual_seed(1))
+    return save_model_dir(scorer, path / "model")
+
+
 def ppo(setup: SmokeSetup) -> dict[str, Any]:
-    """Two PPO steps with critic, reference and reward model colocated; the peak memory of each phase."""
+    """Two PPO steps with critic, reference and reward model colocated: rewards that differ, gradients that are
+    not zero; the peak memory of each phase."""
     from hybridflow_lab.telemetry import Phase
     from hybridflow_lab.trainer.lab import Lab
 
-    reward_dir = create_model_dir(setup.work_dir / "reward", "tiny", "qwen2", seed=1)
+    reward_dir = reward_model_dir(setup.work_dir / "reward")
     engine = "vllm" if importlib.util.find_spec("vllm") else "torch"
     overrides = (f"backend={setup.backend}", f"device={setup.device}", f"actor.model_path={setup.model_dir}",
                  f"actor.ranks={setup.ranks}", f"critic.ranks={setup.ranks}", "algorithm.name=ppo",
@@ -230,10 +239,14 @@ def ppo(setup: SmokeSetup) -> dict[str, Any]:
                 peaks[key] = max(peaks.get(key, 0.0), value)
     finally:
         lab.shutdown()
-    finite = all(torch.isfinite(torch.tensor(m["actor/pg_loss"])) for m in metrics)
-    return {"ok": finite and len(metrics) == 2, "rollout_engine": engine, "peak_memory_mib": peaks,
+    found = {key: [m[key] for m in metrics] for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm",
+                                                         "critic/vf_loss", "critic/grad_norm")}
+    finite = all(torch.isfinite(torch.tensor(values)).all() for values in found.values())
+    learns = all(m["critic/score/max"] > m["critic/score/min"] and m["actor/grad_norm"] > 0
+                 and m["critic/grad_norm"] > 0 for m in metrics)
+    return {"ok": finite and learns and len(metrics) == 2, "rollout_engine": engine, "peak_memory_mib": peaks,
             "memory_kind": "cuda_allocated" if setup.device == "cuda" else "rss",
-            "actor_pg_loss": [m["actor/pg_loss"] for m in metrics]}
+            **{key.replace("/", "_"): values for key, values in found.items()}}
 
 
 def make_setup(device: str, work_dir: Path, engines: tuple[tuple[str, int], ...] = ENGINES) -> SmokeSetup:

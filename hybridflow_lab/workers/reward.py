@@ -31,7 +31,7 @@ class RewardModelWorker(Worker):
     """A scalar-head model scoring whole sequences (the score at the last real token)."""
 
     def __init__(self, model_path: str, micro_batch: int = 8) -> None:
-        self.model = load_scalar_model(model_path).eval().requires_grad_(False).to(self.device)
+        self.model = load_scalar_model(model_path, trained_head=True).eval().requires_grad_(False).to(self.device)
         self.micro_batch = micro_batch
 
     @register(Dispatch.DP_COMPUTE)
