@@ -93,7 +93,7 @@ class DeepSpeedEngine(TrainEngine):
         self.zero_stage, self.state_on_host = zero_stage, offload
         optimizer = build_optimizer(trainable_parameters(model), optim)
         self.adapters_only = has_adapters(model)  # a LoRA checkpoint holds the adapters, not the frozen base
-        elements = sum(p.numel() for p in trainable_parameters(model))
+        elements = sum(p.numel() for group in optimizer.param_groups for p in group["params"])
         config = deepspeed_config(optim, zero_stage, micro_batch_size, micro_batches_per_step, offload, bf16, elements)
         self.engine, self.optimizer, _, self.scheduler = self.deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=build_scheduler(optimizer, optim), config=config,

@@ -57,9 +57,13 @@ def run(device: str, names: list[str], engines: tuple[tuple[str, int], ...] = ch
     return summary
 
 
+def summary_json(summary: dict[str, Any]) -> str:
+    """``summary`` as the indented JSON the script prints and writes."""
+    return json.dumps(summary, indent=1, default=str)
+
+
 def write_summary(summary: dict[str, Any], path: Path) -> None:
-    """``summary`` as indented JSON, written to ``path``."""
-    path.write_text(json.dumps(summary, indent=1, default=str))
+    path.write_text(summary_json(summary))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown checks {unknown}; known: {', '.join(CHECKS)}")
     engines = tuple(e for e in checks.ENGINES if not args.engines or f"{e[0]}{e[1] or ''}" in args.engines.split(","))
     summary = run(args.device, names, engines, Path(args.out) if args.out else None)
-    print(json.dumps(summary, indent=1, default=str))
+    print(summary_json(summary))
     return 0 if summary["ok"] else 1
 
 
