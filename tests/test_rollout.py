@@ -150,6 +150,28 @@ def test_log_probs_and_entropies_are_computed_a_chunk_of_positions_at_a_time(mon
     torch.testing.assert_close(sampling.log_probs_from_logits(logits, tokens, 0.7), expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(sampling.entropy_from_logits(logits, 0.7), whole_entropy, rtol=1e-5, atol=1e-5)
     assert sampling.log_probs_from_logits(logits, tokens, 0.7).dtype == torch.float32
+    joint = sampling.log_probs_and_entropy(logits, tokens, 0.7)
+    torch.testing.assert_close(joint, (expected, whole_entropy), rtol=1e-5, atol=1e-5)
+
+
+def test_the_entropy_is_a_detached_metric_unless_a_loss_term_needs_its_gradient():
+    """The update always reports the entropy; only with an entropy bonus does autograd keep its graph over the
+    vocabulary (a pass and a ``[positions, vocab]`` tensor saved fewer otherwise)."""
+    from hybridflow_lab.engines import sampling
+
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(5, 40, generator=g, requires_grad=True)
+    tokens = torch.randint(0, 40, (5,), generator=g)
+    log_probs, metric = sampling.log_probs_and_entropy(logits, tokens, entropy_grad=False)
+    assert log_probs.requires_grad and not metric.requires_grad
+    torch.testing.assert_close(metric, sampling.entropy_from_logits(logits.detach()))
+
+    log_probs, entropy = sampling.log_probs_and_entropy(logits, tokens, entropy_grad=True)
+    (log_probs.sum() - 0.1 * entropy.sum()).backward()
+    expected = logits.detach().clone().requires_grad_(True)
+    scores = expected.log_softmax(-1)
+    (scores.gather(-1, tokens[:, None]).sum() + 0.1 * (scores.exp() * scores).sum()).backward()
+    torch.testing.assert_close(logits.grad, expected.grad)
 
 
 def test_a_generation_copy_takes_a_weight_stream_tensor_by_tensor_and_names_what_is_missing(model_dir):

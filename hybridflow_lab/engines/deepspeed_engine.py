@@ -91,7 +91,7 @@ class DeepSpeedEngine(TrainEngine):
         # partitioning each as it goes)
         self.deepspeed = import_deepspeed(device)
         self.zero_stage, self.state_on_host = zero_stage, offload
-        optimizer = build_optimizer(trainable_parameters(model), optim)
+        optimizer = build_optimizer(trainable_parameters(model), optim, device)
         self.adapters_only = has_adapters(model)  # a LoRA checkpoint holds the adapters, not the frozen base
         elements = sum(p.numel() for group in optimizer.param_groups for p in group["params"])
         config = deepspeed_config(optim, zero_stage, micro_batch_size, micro_batches_per_step, offload, bf16, elements)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybridflow_lab.engines.sampling import entropy_from_logits, log_probs_from_logits
+from hybridflow_lab.engines.sampling import log_probs_and_entropy, log_probs_from_logits
 from hybridflow_lab.models.packing import Packing
 from hybridflow_lab.protocol import DataBatch
 
@@ -39,18 +39,23 @@ def _unpack(values: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
 
 
 def response_log_probs(module: nn.Module, batch: DataBatch, temperature: float = 1.0, with_entropy: bool = False,
-                       remove_padding: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of the response tokens under softmax(logits / temperature), and optionally entropies."""
+                       remove_padding: bool = False, entropy_grad: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of the response tokens under softmax(logits / temperature), and optionally entropies (without
+    ``entropy_grad``, detached: a metric no loss differentiates)."""
+
+    def scored(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not with_entropy:
+            return log_probs_from_logits(logits, tokens, temperature), None
+        return log_probs_and_entropy(logits, tokens, temperature, entropy_grad)
+
     if not remove_padding:
-        logits = response_logits(module, batch)
-        log_probs = log_probs_from_logits(logits, batch["responses"], temperature)
-        return log_probs, entropy_from_logits(logits, temperature) if with_entropy else None
+        return scored(response_logits(module, batch), batch["responses"])
     mask = batch["response_mask"]
     logits = module(batch["input_ids"], batch["attention_mask"], batch["position_ids"],
                     packing=response_packing(batch))
-    log_probs = log_probs_from_logits(logits, batch["responses"][mask.bool()], temperature)
-    entropy = _unpack(entropy_from_logits(logits, temperature), mask) if with_entropy else None
-    return _unpack(log_probs, mask), entropy
+    log_probs, entropy = scored(logits, batch["responses"][mask.bool()])
+    return _unpack(log_probs, mask), None if entropy is None else _unpack(entropy, mask)
 
 
 def response_values(module: nn.Module, batch: DataBatch, remove_padding: bool = False) -> torch.Tensor:

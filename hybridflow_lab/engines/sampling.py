@@ -41,33 +41,52 @@ class SamplingParams:
 POSITIONS_PER_CHUNK = 1024  # positions whose float32 scores over the whole vocabulary exist at once
 
 
-def _by_position_chunks(fn: Callable[..., torch.Tensor], logits: torch.Tensor, *per_position: torch.Tensor
-                        ) -> torch.Tensor:
-    """``fn(logits_chunk, *chunks)`` over chunks of positions, reassembled to ``logits.shape[:-1]``: the float32
-    copy a low-precision or temperature-scaled ``[positions, vocab]`` needs is made one chunk at a time."""
+def _by_position_chunks(fn: Callable[..., tuple[torch.Tensor, ...]], logits: torch.Tensor,
+                        *per_position: torch.Tensor) -> list[torch.Tensor]:
+    """``fn(logits_chunk, *chunks)`` over chunks of positions, each of its per-position outputs reassembled to
+    ``logits.shape[:-1]``: the float32 copy a low-precision or temperature-scaled ``[positions, vocab]`` needs is
+    made one chunk at a time."""
     rows = logits.reshape(-1, logits.shape[-1]).split(POSITIONS_PER_CHUNK)
     others = [t.reshape(-1).split(POSITIONS_PER_CHUNK) for t in per_position]
-    return torch.cat([fn(chunk, *parts) for chunk, *parts in zip(rows, *others, strict=True)]).view(logits.shape[:-1])
+    results = [fn(chunk, *parts) for chunk, *parts in zip(rows, *others, strict=True)]
+    return [torch.cat(column).view(logits.shape[:-1]) for column in zip(*results, strict=True)]
+
+
+def _log_softmax(rows: torch.Tensor, temperature: float) -> torch.Tensor:
+    scores = rows.float() / temperature if temperature != 1.0 else rows.float()
+    return scores.log_softmax(-1)
+
+
+def _entropy(log_p: torch.Tensor) -> torch.Tensor:
+    return -(log_p.exp() * log_p).sum(-1)
+
+
+def _picked(log_p: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return log_p.gather(-1, ids[:, None]).squeeze(-1)
 
 
 def log_probs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log p(token) under softmax(logits / temperature), in float32; ``logits[..., v]`` and ``tokens[...]``."""
-
-    def chunk(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        scores = rows.float() / temperature if temperature != 1.0 else rows.float()
-        return scores.gather(-1, ids[:, None]).squeeze(-1) - scores.logsumexp(-1)
-
-    return _by_position_chunks(chunk, logits, tokens)
+    return _by_position_chunks(lambda rows, ids: (_picked(_log_softmax(rows, temperature), ids),), logits, tokens)[0]
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Entropy of softmax(logits / temperature) per position, in float32."""
+    return _by_position_chunks(lambda rows: (_entropy(_log_softmax(rows, temperature)),), logits)[0]
 
-    def chunk(rows: torch.Tensor) -> torch.Tensor:
-        log_p = (rows.float() / temperature).log_softmax(-1)
-        return -(log_p.exp() * log_p).sum(-1)
 
-    return _by_position_chunks(chunk, logits)
+def log_probs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
+                          entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log_probs_from_logits`` and ``entropy_from_logits`` from one log-softmax per chunk. Without
+    ``entropy_grad`` the entropy is a detached metric: autograd keeps no graph over the vocabulary for it, which
+    saves a full-vocabulary pass and its memory in an update whose loss has no entropy term."""
+
+    def chunk(rows: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        log_p = _log_softmax(rows, temperature)
+        return _picked(log_p, ids), _entropy(log_p if entropy_grad else log_p.detach())
+
+    log_probs, entropy = _by_position_chunks(chunk, logits, tokens)
+    return log_probs, entropy
 
 
 def force_lengths(logits: torch.Tensor, generated: int, lengths: torch.Tensor, eos_token_id: int) -> torch.Tensor:

@@ -44,9 +44,12 @@ LossFn = Callable[[nn.Module, DataBatch], tuple[torch.Tensor, dict[str, torch.Te
 CountFn = Callable[[DataBatch], float]
 
 
-def build_optimizer(params: Iterator[nn.Parameter], config: OptimConfig) -> torch.optim.Optimizer:
+def build_optimizer(params: Iterator[nn.Parameter], config: OptimConfig, device: str) -> torch.optim.Optimizer:
+    """A torch AdamW for an engine on ``device``. On the CPU its fused kernel: one pass over each tensor, 4-5x faster
+    than the default ``foreach`` one, whose temporaries take a pass each. On a GPU ``foreach``, as before: fused
+    AdamW keeps its step counts on the parameters' device, where the engines' state movers expect the CPU."""
     return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, eps=config.eps,
-                             weight_decay=config.weight_decay)
+                             weight_decay=config.weight_decay, fused=torch.device(device).type == "cpu" or None)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig) -> torch.optim.lr_scheduler.LambdaLR:
@@ -271,7 +274,7 @@ class TorchOptimizerEngine(TrainEngine):
         super().__init__(group, device)
         self.tp = tp
         self.optim_config = optim
-        self.optimizer = build_optimizer(parameters, optim)
+        self.optimizer = build_optimizer(parameters, optim, device)
         self.scheduler = build_scheduler(self.optimizer, optim)
 
     def _clip_gradients(self) -> float:

@@ -30,7 +30,8 @@ def actor_token_loss(config: LabConfig, policy_loss: PolicyLoss, kl_coef: float
 
     def loss(module: torch.nn.Module, micro: DataBatch) -> TokenLoss:
         mask = micro["response_mask"]
-        log_probs, entropy = response_log_probs(module, micro, temperature, True, remove_padding)
+        log_probs, entropy = response_log_probs(module, micro, temperature, True, remove_padding,
+                                                 entropy_grad=bool(algorithm.entropy_coef))
         old_log_probs = micro["old_log_probs"] if "old_log_probs" in micro else log_probs.detach()
         token_loss, diagnostics = policy_loss(log_probs, old_log_probs, micro["advantages"], mask, **options)
         out = TokenLoss(token_loss, means={"entropy": entropy.detach(), **diagnostics})
