@@ -14,7 +14,8 @@ Tokens per step = 64 x (16 + 64) = 5120.
 128; tokens counted are the real ones (prompt and completion masks summed). ``--workload smollm2``: the
 model directory ``--model`` (SmolLM2-135M-Instruct) with its tokenizer, ``a+b=`` as a user turn through its
 chat template, prompts padded to the batch's longest, 64 forced completion tokens, real tokens counted.
-Prints one JSON object.
+``--workload standard-bf16``: the standard workload in bfloat16 mixed precision (``bf16=True``: autocast over the
+float32 weights). Prints one JSON object.
 
 ``--pause-every K`` (``bench e2e --peer`` passes it): before its first step, and after the warmup and every K
 measured steps, the script prints ``{"paused": <steps done>}`` and waits for a line on stdin, so that its blocks
@@ -170,6 +171,7 @@ def pauses(steps: int, warmup: int, every: int) -> frozenset[int]:
 def run(steps: int = 8, warmup: int = 2, threads: int = 2, workload: str = "standard",
         forced_lengths: list[int] | None = None, model: str | None = None, pause_every: int = 0) -> dict[str, Any]:
     torch.set_num_threads(threads)
+    bf16, workload = workload.endswith("-bf16"), workload.removesuffix("-bf16")
     natural, real_model = workload == "natural", workload == "smollm2"
     if natural and not forced_lengths:
         raise SystemExit("trl_grpo.py: --workload natural needs --forced-lengths")
@@ -189,7 +191,7 @@ def run(steps: int = 8, warmup: int = 2, threads: int = 2, workload: str = "stan
             per_device_train_batch_size=SEQUENCES, num_generations=SAMPLES, gradient_accumulation_steps=1,
             num_iterations=1, max_completion_length=new_tokens, generation_kwargs=generation,
             pad_to_multiple_of=None if real_model else PROMPT_TOKENS, temperature=1.0, beta=0.04, loss_type="dapo",
-            epsilon_high=0.28, learning_rate=1e-6, gradient_checkpointing=False, bf16=False, fp16=False,
+            epsilon_high=0.28, learning_rate=1e-6, gradient_checkpointing=False, bf16=bf16, fp16=False,
             use_vllm=False, use_cpu=True, dataloader_num_workers=0, logging_steps=1, save_strategy="no",
             eval_strategy="no", report_to="none", disable_tqdm=True,
         )
@@ -215,7 +217,7 @@ def run(steps: int = 8, warmup: int = 2, threads: int = 2, workload: str = "stan
     tokens = [TOKENS_PER_STEP] * len(real) if workload == "standard" else list(real)
     measured, counted = timer.times[warmup:], tokens[warmup:]
     return {
-        "bench": "trl_grpo", "workload": workload, "trl_version": trl.__version__,
+        "bench": "trl_grpo", "workload": workload + ("-bf16" if bf16 else ""), "trl_version": trl.__version__,
         "transformers_version": transformers.__version__, "torch_version": torch.__version__, "steps": len(measured),
         "warmup": warmup, "sequences_per_step": rows[0], "prompt_tokens": max(prompt_lens),
         "completion_tokens_mean": statistics.mean(completion_lens),
@@ -233,7 +235,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="measured optimizer steps")
     parser.add_argument("--warmup", type=int, default=2, help="steps run first and not measured")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    parser.add_argument("--workload", choices=["standard", "natural", "smollm2"], default="standard")
+    parser.add_argument("--workload", choices=["standard", "standard-bf16", "natural", "smollm2"],
+                        default="standard")
     parser.add_argument("--forced-lengths", help="natural: comma-separated completion lengths, row r gets the "
                                                  "(r mod count)-th (bench e2e passes its schedule)")
     parser.add_argument("--model", help="smollm2: the imported SmolLM2-135M-Instruct directory")

@@ -308,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("what", choices=sorted(QUICK_BENCH))
     bench.add_argument("--quick", action="store_true", help="a small, fast configuration (for smoke tests)")
     bench.add_argument("--minutes", type=float, help="soak: how long to run (default 10)")
-    bench.add_argument("--workload", choices=["standard", "natural", "smollm2"],
+    bench.add_argument("--workload", choices=["standard", "standard-bf16", "natural", "smollm2"],
                        help="e2e: what to run (default standard; see hybridflow_lab/bench/e2e.py)")
     bench.add_argument("--peer", help="e2e: a virtualenv with TRL (make trl-env: .venv-trl) to run the same workload "
                                       "in, alternating with ours in blocks of steps")

@@ -90,6 +90,12 @@ def test_bench_algorithms_runs_each_algorithm_from_the_same_warm_start():
     assert report["runs"]["gspo"]["overrides"] == ["algorithm.policy_loss=gspo"]
 
 
+def test_bench_e2e_standard_bf16_trains_in_bf16_against_bf16s_matmul_rate():
+    report = json.loads(run_cli("bench", "e2e", "--quick", "--workload", "standard-bf16"))
+    assert report["workload"] == "standard-bf16" and report["precision"] == "bfloat16"
+    assert report["tokens_per_step"] == 5120 and report["matmul_gflops"] > 0
+
+
 def test_bench_e2e_natural_workload_counts_the_real_tokens_of_its_forced_lengths(tmp_path):
     from hybridflow_lab.bench.e2e import NATURAL_LENGTHS
 

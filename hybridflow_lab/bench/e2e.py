@@ -11,6 +11,9 @@ forward pass gives the old log-probs) and KL 0.04 to the reference:
   tokens counted are the real ones, prompt and response (verl's ``attention_mask.sum()``).
 - ``smollm2``: SmolLM2-135M-Instruct (``make models``), fully fine-tuned; ``a+b=`` prompts through its
   chat template; 64 forced response tokens; real tokens counted.
+- ``standard-bf16``: the standard workload in each side's bfloat16 mixed precision: ours
+  ``actor.engine.bf16`` (DeepSpeed's bf16 weights over float32 master weights), TRL's ``bf16=True`` (autocast
+  over float32 weights); the matmul rate it is compared with is bfloat16's.
 
 Reported beside the tokens/s: each stage's median seconds, each stage's FLOPs over its time and this
 machine's matmul rate (``stage_flop_fraction``), the step's share of that roofline, and with ``peer`` (a
@@ -29,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from hybridflow_lab.bench.peer import peer_command, started_peer
 from hybridflow_lab.bench.roofline import matmul_gflops
@@ -77,6 +82,7 @@ class Workload:
 
 WORKLOADS = {
     "standard": Workload(real_tokens=False),
+    "standard-bf16": Workload(("actor.engine.bf16=true",), real_tokens=False),
     "natural": Workload(("rollout.ignore_eos=false", f"rollout.forced_lengths={list(NATURAL_LENGTHS)}",
                          f"rollout.max_new_tokens={max(NATURAL_LENGTHS)}")),
     "smollm2": Workload(("rollout.max_prompt_tokens=48", "rollout.pad_prompts=false", "task.chat_template=true"),
@@ -110,6 +116,7 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
         stack.callback(lab.shutdown)
         counts = describe(load_causal_lm(lab.config.actor.model_path))
         rows = lab.config.batch.step_sequences
+        precision = torch.bfloat16 if lab.config.actor.engine.bf16 else torch.float32  # the roofline's too
         for _ in range(warmup):
             lab.step()
         history: list[dict[str, float]] = []
@@ -120,9 +127,9 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
                 lab.shutdown()  # the two do not fit in this machine's memory together
             peer_report = theirs.next_block() if theirs else None
         report = throughput(history, rows, counts["non_embedding_parameters"], counts["head_parameters"],
-                            spec.real_tokens, matmul_gflops())
+                            spec.real_tokens, matmul_gflops(dtype=precision))
         report = {"bench": "e2e", "workload": workload, "actor_ranks": ranks, "engine": lab.config.actor.engine.backend,
-                  "steps": steps, **report}
+                  "steps": steps, "precision": str(precision).removeprefix("torch."), **report}
         if peer_report:
             report.update(peer_tok_s=peer_report["tokens_per_s_median"], peer_step_s=peer_report["step_s_median"],
                           ratio_vs_peer=round(report["tokens_per_s_median"] / peer_report["tokens_per_s_median"], 3),

@@ -1,4 +1,4 @@
-"""The roofline the benchmarks compare against: this process's float32 matrix-multiply rate."""
+"""The roofline the benchmarks compare against: this process's matrix-multiply rate (float32 unless told)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import time
 import torch
 
 
-def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
-    """float32 GEMM rate of this process's threads, GFLOP/s."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def matmul_gflops(size: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """GEMM rate of this process's threads in ``dtype``, GFLOP/s."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     a @ b
     start = time.perf_counter()
     for _ in range(repeats):
