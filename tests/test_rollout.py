@@ -155,8 +155,8 @@ def test_log_probs_and_entropies_are_computed_a_chunk_of_positions_at_a_time(mon
 
 
 def test_the_entropy_is_a_detached_metric_unless_a_loss_term_needs_its_gradient():
-    """The update always reports the entropy; only with an entropy bonus does autograd keep its graph over the
-    vocabulary (a pass and a ``[positions, vocab]`` tensor saved fewer otherwise)."""
+    """The update always reports the entropy, but only an entropy bonus needs autograd's graph for it; without one
+    autograd saves none of its ``[positions, vocab]`` intermediates."""
     from hybridflow_lab.engines import sampling
 
     g = torch.Generator().manual_seed(1)

@@ -77,9 +77,9 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
 
 def log_probs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
                           entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """``log_probs_from_logits`` and ``entropy_from_logits`` from one log-softmax per chunk. Without
-    ``entropy_grad`` the entropy is a detached metric: autograd keeps no graph over the vocabulary for it, which
-    saves a full-vocabulary pass and its memory in an update whose loss has no entropy term."""
+    """``log_probs_from_logits`` and ``entropy_from_logits`` from one log-softmax per chunk (not one each). Without
+    ``entropy_grad`` the entropy is a detached metric: autograd saves none of its ``[positions, vocab]``
+    intermediates, which an update whose loss has no entropy term does not need."""
 
     def chunk(rows: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         log_p = _log_softmax(rows, temperature)
