@@ -70,16 +70,11 @@ def log_probs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperatur
     return _by_position_chunks(lambda rows, ids: (_picked(_log_softmax(rows, temperature), ids),), logits, tokens)[0]
 
 
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of softmax(logits / temperature) per position, in float32."""
-    return _by_position_chunks(lambda rows: (_entropy(_log_softmax(rows, temperature)),), logits)[0]
-
-
 def log_probs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
                           entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """``log_probs_from_logits`` and ``entropy_from_logits`` from one log-softmax per chunk (not one each). Without
-    ``entropy_grad`` the entropy is a detached metric: autograd saves none of its ``[positions, vocab]``
-    intermediates, which an update whose loss has no entropy term does not need."""
+    """``log_probs_from_logits`` and the entropy of softmax(logits / temperature) per position, in float32, from one
+    log-softmax per chunk. Without ``entropy_grad`` the entropy is a detached metric: autograd saves none of its
+    ``[positions, vocab]`` intermediates, which an update whose loss has no entropy term does not need."""
 
     def chunk(rows: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         log_p = _log_softmax(rows, temperature)
