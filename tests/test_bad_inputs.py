@@ -86,6 +86,7 @@ def base_overrides(models: dict[str, str], tmp_path: Path) -> tuple[str, ...]:
 TORCH_ENGINE = ("actor.engine.backend=torch",)
 PPO = ("algorithm.name=ppo",)
 DYNAMIC = ("algorithm.dynamic_sampling=true",)
+COMPILED_TP = (*TORCH_ENGINE, "actor.engine.tensor_parallel=2", "rollout.tensor_parallel=2")
 
 
 GOOD_EXAMPLES = [{"question": f"{i} + {i} = ?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(1, 9)]
@@ -123,10 +124,20 @@ def expect(case: Case, build: Callable[[], object]) -> None:
         assert expected in message, f"{expected!r} not in {message!r}"
 
 
+def test_compiled_decoding_without_a_cpp_compiler_fails_before_start(models, tmp_path):
+    import torch._inductor.config as inductor
+
+    case = Case("no_cpp_compiler", None, ConfigError, ("rollout.torch_compile", "needs a C++ compiler"),
+                "install one (g++) or set rollout.torch_compile=false")
+    with inductor.patch({"cpp.cxx": ("no-such-c++",)}):
+        expect(case, lambda: Lab(None, overrides=(*base_overrides(models, tmp_path), "rollout.torch_compile=true"),
+                                 start=False))
+
+
 def test_the_inputs_the_tables_break_work(models, tmp_path):
     base = base_overrides(models, tmp_path)
-    for extra in ((), PPO, DYNAMIC, (*TORCH_ENGINE, "actor.engine.tensor_parallel=2"),
-                  (f"actor.model_path={models['vocab_101']}",)):
+    for extra in ((), PPO, DYNAMIC, (*TORCH_ENGINE, "actor.engine.tensor_parallel=2"), COMPILED_TP,
+                  (f"actor.model_path={models['vocab_101']}",), ("rollout.torch_compile=true",)):
         assert Lab(None, overrides=(*base, *extra), start=False).groups == {}
     config_file = tmp_path / "run.yaml"
     config_file.write_text("actor:\n  optim:\n    lr: 1.0e-5\n")
@@ -281,6 +292,10 @@ OVERRIDE_CASES = [
          "rollout.max_new_tokens="),
     Case("forced_lengths_with_ignore_eos", ["rollout.forced_lengths=[2]", "rollout.ignore_eos=true"], ConfigError,
          ("rollout.forced_lengths",), "set rollout.ignore_eos=false"),
+    Case("compiled_decoding_with_vllm", ["rollout.torch_compile=true", "rollout.engine=vllm"], ConfigError,
+         ("rollout.torch_compile", "rollout.engine is 'vllm'"), "or rollout.torch_compile=false"),
+    Case("compiled_decoding_with_generation_tp", [*COMPILED_TP, "rollout.torch_compile=true"], ConfigError,
+         ("rollout.torch_compile", "no collectives"), "set rollout.tensor_parallel=1"),
     Case("unknown_policy_loss", ["algorithm.policy_loss=trpo"], ConfigError, ("algorithm.policy_loss", "'trpo'"),
          "known: cispo, gspo, ppo"),
     Case("unknown_cost", ["task.cost=toxicity"], ConfigError, ("task.cost", "'toxicity'"), "['digit_cost']"),

@@ -42,6 +42,7 @@ def test_init_model_and_quick_rollout_and_train_benches(tmp_path):
     rollout = json.loads(run_cli("bench", "rollout", "--quick"))
     assert set(rollout) >= {"model", "prompts", "new_tokens", "engines", "hf_over_torch_seconds"}
     assert rollout["engines"]["torch"]["tok_s"] > 0 and rollout["engines"]["hf"]["tok_s"] > 0
+    assert rollout["engines"]["torch_compiled"]["tok_s"] > 0 and rollout["hf_over_torch_compiled_seconds"] > 0
     assert "skipped" in rollout["engines"]["vllm"]  # vLLM's row is measured in .venv-vllm (tests/test_vllm.py)
     train = json.loads(run_cli("bench", "train", "--quick"))
     assert [(r["engine"], r["zero_stage"]) for r in train["results"]] == [("torch", None), ("deepspeed", 3)]
@@ -100,7 +101,7 @@ def test_bench_e2e_natural_workload_counts_the_real_tokens_of_its_forced_lengths
     from hybridflow_lab.bench.e2e import NATURAL_LENGTHS
 
     report = json.loads(run_cli("bench", "e2e", "--quick", "--workload", "natural", "--engine", "torch"))
-    assert report["workload"] == "natural" and report["engine"] == "torch"
+    assert report["workload"] == "natural" and report["engine"] == "torch" and report["decode_step"] == "compiled"
     assert report["tokens_counted"] == "real prompt + response tokens"
     prompt_tokens = report["tokens_per_step"] / 64 - sum(NATURAL_LENGTHS) / len(NATURAL_LENGTHS)
     assert 4 <= prompt_tokens <= 8  # 'a+b=' with a, b < 1000, no padding counted

@@ -13,6 +13,7 @@ from hybridflow_lab.engines import SamplingParams
 from hybridflow_lab.engines.forward import response_log_probs, response_logits
 from hybridflow_lab.engines.torch_rollout import TorchRollout, generate
 from hybridflow_lab.models import char_tokenizer, create_model_dir, load_causal_lm
+from hybridflow_lab.models.decode_step import missing_cpp_compiler
 
 TOKENIZER = char_tokenizer()
 PROMPTS = ["1+1=", "23+4=", "100+250=", "7+8="]
@@ -77,6 +78,22 @@ def test_samples_share_their_prompts_prefill_and_keep_honest_log_probs(model):
     shared = run(model, SamplingParams(max_new_tokens=8, n=2, greedy=True, ignore_eos=True))["responses"]
     alone = run(model, SamplingParams(max_new_tokens=8, greedy=True, ignore_eos=True))["responses"]
     assert torch.equal(shared[::2], alone) and torch.equal(shared[1::2], alone)
+
+
+@pytest.mark.skipif(bool(missing_cpp_compiler()), reason=str(missing_cpp_compiler()))
+def test_the_compiled_decoding_step_samples_from_the_models_own_distribution(model):
+    """Compiled, a step attends over every cache slot under a mask; its log-probs are still the teacher-forced
+    forward's, through left padding, a shared prefill and rows leaving the batch (a recompile for the new size)."""
+    params = SamplingParams(max_new_tokens=10, n=3, seed=5, temperature=0.8)
+    rollout = TorchRollout(model, params, TOKENIZER.eos_token_id, TOKENIZER.pad_token_id, compiled=True)
+    batch = DataBatch(rollout.generate(*encode()))
+    assert not batch["response_mask"].all()  # some rows stopped and left the batch
+    with torch.no_grad():
+        forward, _ = response_log_probs(model, batch, temperature=0.8)
+    torch.testing.assert_close(batch["rollout_log_probs"], forward * batch["response_mask"], rtol=1e-5, atol=1e-5)
+    eager = TorchRollout(model, params, TOKENIZER.eos_token_id, TOKENIZER.pad_token_id).generate(*encode())
+    # the same uniform draws pick the same tokens unless a draw lands within float rounding of a boundary
+    assert (batch["responses"] == eager["responses"]).float().mean() > 0.9
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy(model):

@@ -15,6 +15,9 @@ forward pass gives the old log-probs) and KL 0.04 to the reference:
   ``actor.engine.bf16`` (DeepSpeed's bf16 weights over float32 master weights), TRL's ``bf16=True`` (autocast
   over float32 weights); the matmul rate it is compared with is bfloat16's.
 
+Ours generate with the built-in engine, its decoding step compiled (``rollout.torch_compile``) where a C++
+compiler exists, else eager (``decode_step`` in the report says which, and why).
+
 Reported beside the tokens/s: each stage's median seconds, each stage's FLOPs over its time and this
 machine's matmul rate (``stage_flop_fraction``), the step's share of that roofline, and with ``peer`` (a
 virtualenv holding TRL, ``make trl-env``) TRL's ``GRPOTrainer`` on the same workload (``peer_tok_s``,
@@ -38,6 +41,7 @@ import torch
 from hybridflow_lab.bench.peer import peer_command, started_peer
 from hybridflow_lab.bench.roofline import matmul_gflops
 from hybridflow_lab.models import create_model_dir, describe, load_causal_lm
+from hybridflow_lab.models.decode_step import missing_cpp_compiler
 from hybridflow_lab.trainer.lab import Lab
 
 STAGES = ("generate", "reward", "old_log_prob", "ref", "adv", "update_actor")
@@ -106,13 +110,15 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
     lengths = NATURAL_LENGTHS if workload == "natural" else ()
     block = spec.block or steps
     command = peer_command(peer, workload, steps, warmup, block, lengths) if peer else None  # fails before any run
+    no_compiler = missing_cpp_compiler()
+    compiled = () if no_compiler else ("rollout.torch_compile=true",)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         model = spec.model(tmp) if spec.model else None
         theirs = None
         if command:  # set up before our Lab starts, so that neither side's setup overlaps the other's steps
             theirs = stack.enter_context(started_peer([*command, *(["--model", str(model)] if model else [])]))
         lab = standard_lab(tmp, ranks, engine, backend, (*([f"actor.model_path={model}"] if model else []),
-                                                         *spec.overrides))
+                                                         *spec.overrides, *compiled))
         stack.callback(lab.shutdown)
         counts = describe(load_causal_lm(lab.config.actor.model_path))
         rows = lab.config.batch.step_sequences
@@ -129,7 +135,8 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
         report = throughput(history, rows, counts["non_embedding_parameters"], counts["head_parameters"],
                             spec.real_tokens, matmul_gflops(dtype=precision))
         report = {"bench": "e2e", "workload": workload, "actor_ranks": ranks, "engine": lab.config.actor.engine.backend,
-                  "steps": steps, "precision": str(precision).removeprefix("torch."), **report}
+                  "steps": steps, "precision": str(precision).removeprefix("torch."),
+                  "decode_step": f"eager: {no_compiler}" if no_compiler else "compiled", **report}
         if peer_report:
             report.update(peer_tok_s=peer_report["tokens_per_s_median"], peer_step_s=peer_report["step_s_median"],
                           ratio_vs_peer=round(report["tokens_per_s_median"] / peer_report["tokens_per_s_median"], 3),

@@ -1,13 +1,15 @@
 """``hybridflow-lab bench rollout``: the built-in generation engine, ``transformers`` ``generate`` and vLLM.
 
 Same weights, same left-padded prompts, pure sampling (temperature 1, no top-k/top-p), exactly
-``new_tokens`` per prompt (EOS ignored, so every engine does the same work); the torch and HF sides
-alternate and the median of ``repeats`` runs is reported. vLLM runs last, where it is installed (the
+``new_tokens`` per prompt (EOS ignored, so every engine does the same work); the built-in engine eager
+(``torch``), with its decoding step compiled (``torch_compiled``, where a C++ compiler exists) and HF
+alternate, and the median of ``repeats`` runs is reported. vLLM runs last, where it is installed (the
 ``.venv-vllm`` environment): in-process it pins the process's threads for good. Its row adds the
 engine's start seconds and ``greedy_match``, the fraction of greedy rows identical to the built-in
 engine's. ``matmul_bound_s`` is the time the generation's FLOPs (2 per non-embedding parameter per prompt and
-response position) take at this process's float32 GEMM rate; ``torch_over_bound`` how far the built-in engine is
-from it.
+response position) take at this process's float32 GEMM rate; ``torch_over_bound`` and
+``torch_compiled_over_bound`` how far the built-in engine is from it; ``hf_over_torch_seconds`` and
+``hf_over_torch_compiled_seconds`` HF's time over each of the built-in engine's.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from hybridflow_lab.bench.roofline import matmul_gflops
 from hybridflow_lab.engines import SamplingParams
 from hybridflow_lab.engines.torch_rollout import generate
 from hybridflow_lab.models import char_tokenizer, create_model_dir, describe, load_causal_lm
+from hybridflow_lab.models.decode_step import missing_cpp_compiler
 
 
 def arithmetic_prompts(count: int, length: int) -> list[str]:
@@ -69,8 +72,8 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
         ids, mask = batch["input_ids"], batch["attention_mask"]
         params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, seed=0)
 
-        def ours_run(sampling: SamplingParams = params) -> dict[str, torch.Tensor]:
-            return generate(ours, ids, mask, sampling, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        def ours_run(sampling: SamplingParams = params, compiled: bool = False) -> dict[str, torch.Tensor]:
+            return generate(ours, ids, mask, sampling, tokenizer.eos_token_id, tokenizer.pad_token_id, compiled)
 
         def hf_run() -> None:
             with torch.inference_mode():
@@ -78,13 +81,20 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
                                 min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                                 pad_token_id=tokenizer.pad_token_id)
 
-        ours_run(), hf_run()  # warm-up
-        times: dict[str, list[float]] = {"torch": [], "hf": []}
+        runs: dict[str, Callable[[], Any]] = {"torch": ours_run, "hf": hf_run}
+        no_compiler = missing_cpp_compiler()
+        if not no_compiler:
+            runs["torch_compiled"] = lambda: ours_run(compiled=True)
+        for fn in runs.values():  # warm-up (and the compiled step's compilation)
+            fn()
+        times: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(repeats):
-            for name, fn in (("torch", ours_run), ("hf", hf_run)):
+            for name, fn in runs.items():
                 times[name].append(seconds(fn))
         medians = {name: statistics.median(t) for name, t in times.items()}
         engines: dict[str, Any] = {name: {"tok_s": round(prompts * new_tokens / s, 1)} for name, s in medians.items()}
+        if no_compiler:
+            engines["torch_compiled"] = {"skipped": no_compiler}
         threads = torch.get_num_threads()
         counts = describe(ours)
         gflop = 2 * prompts * (counts["non_embedding_parameters"] * (prompt_tokens + new_tokens)
@@ -95,10 +105,11 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
         else:
             greedy = ours_run(replace(params, greedy=True))["responses"]
             engines["vllm"] = vllm_row(path, ids, mask, params, greedy, tokenizer.pad_token_id, repeats)
+    built_in = {name: s for name, s in medians.items() if name != "hf"}
     return {
         "bench": "rollout", "model": size, "parameters": counts["parameters"], "prompts": prompts,
         "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "threads": threads, "engines": engines,
-        "hf_over_torch_seconds": round(medians["hf"] / medians["torch"], 3),
+        **{f"hf_over_{name}_seconds": round(medians["hf"] / s, 3) for name, s in built_in.items()},
         "gflop": round(gflop, 2), "matmul_bound_s": round(bound_s, 3),
-        "torch_over_bound": round(medians["torch"] / bound_s, 2),
+        **{f"{name}_over_bound": round(s / bound_s, 2) for name, s in built_in.items()},
     }

@@ -82,6 +82,8 @@ class RolloutConfig:
     pad_prompts: bool = False  # left-pad every prompt to max_prompt_tokens (fixed shapes, benchmarks)
     forced_lengths: tuple[int, ...] = ()  # benchmarks: row i of a generation call ends with EOS after the
     #                                       (i mod len)-th of these many tokens (built-in engine; SamplingParams)
+    torch_compile: bool = False  # built-in engine: run the decoding step compiled by torch.compile (inductor; on a
+    #                              CPU it needs a C++ compiler); compiles on each rank's first generation
     tensor_parallel: int = 1  # generation TP (tg): divides actor.engine.tensor_parallel; vllm: 1 or actor.ranks
     reshard: str = "hybridflow"  # training -> generation transition: hybridflow | hybridflow_v | ds_chat
     gpu_memory_utilization: float = 0.5  # vllm on CUDA: its share of the GPU (weights and KV cache)

@@ -15,6 +15,7 @@ from transformers import PretrainedConfig
 from hybridflow_lab.algorithms.rollout_correction import LEVELS as ROLLOUT_CORRECTION_LEVELS
 from hybridflow_lab.config.loading import ConfigError
 from hybridflow_lab.config.schema import RESHARD_STRATEGIES, TRAIN_BACKENDS, LabConfig, RoleConfig, RolloutConfig
+from hybridflow_lab.models.decode_step import missing_cpp_compiler
 from hybridflow_lab.models.factory import load_config
 from hybridflow_lab.models.heads import has_trained_head, untrained_head_message
 from hybridflow_lab.models.tensor_parallel import check_shardable
@@ -336,6 +337,8 @@ def _check_rollout(config: LabConfig) -> None:
                           "actor's training dtype")
     if rollout.forced_lengths:
         _check_forced_lengths(config)
+    if rollout.torch_compile:
+        _check_torch_compile(config)
     if rollout.engine == "vllm":
         _check_vllm(config, model)
 
@@ -351,6 +354,19 @@ def _check_forced_lengths(config: LabConfig) -> None:
     if not all(1 <= length <= rollout.max_new_tokens for length in rollout.forced_lengths):
         raise ConfigError("rollout.forced_lengths", f"{list(rollout.forced_lengths)} must each be in [1, "
                           f"rollout.max_new_tokens={rollout.max_new_tokens}]")
+
+
+def _check_torch_compile(config: LabConfig) -> None:
+    rollout = config.rollout
+    if rollout.engine != "torch":
+        raise ConfigError("rollout.torch_compile", f"compiles the built-in engine's decoding step, and rollout.engine "
+                          f"is {rollout.engine!r}; set rollout.engine=torch or rollout.torch_compile=false")
+    if rollout.tensor_parallel != 1:
+        raise ConfigError("rollout.torch_compile", "the compiled decoding step runs no collectives; set "
+                          "rollout.tensor_parallel=1 or rollout.torch_compile=false")
+    missing = missing_cpp_compiler() if resolve_device(config) == "cpu" else None
+    if missing:
+        raise ConfigError("rollout.torch_compile", f"{missing}; install one (g++) or set rollout.torch_compile=false")
 
 
 def _check_vllm(config: LabConfig, model: PretrainedConfig) -> None:

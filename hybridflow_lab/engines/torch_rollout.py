@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from hybridflow_lab.engines.sampling import SamplingParams, force_lengths, sample_next
+from hybridflow_lab.models.decode_step import compiled_decode_step, decode_step
 from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.models.kv_cache import KVCache
 
@@ -26,13 +27,17 @@ def generate(
     params: SamplingParams,
     eos_token_id: int | None,
     pad_token_id: int,
+    compiled: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Sample ``params.n`` responses per left-padded prompt.
 
     Returns ``responses`` and ``response_mask`` (``[batch * n, max_new_tokens]``, 1 up to and
     including the stop token), ``log_probs`` of the sampled tokens under the distribution they
-    were drawn from (``sample_next``), and ``prompt_ids`` / ``prompt_mask`` repeated to match.
+    were drawn from (``sample_next``), and ``prompt_ids`` / ``prompt_mask`` repeated to match. ``compiled``: decode
+    with ``compiled_decode_step`` (the same logits, in fewer dispatched operations).
     """
+    if compiled and model.tp.enabled:
+        raise ValueError("the compiled decoding step runs no collectives; decode a tensor-parallel shard eagerly")
     device = prompt_ids.device
     prompts, prompt_len = prompt_ids.shape
     batch = prompts * params.n
@@ -73,7 +78,7 @@ def generate(
             live, tokens = live[keep], tokens[keep]
             cache.keep_rows(keep)
         if step + 1 < params.max_new_tokens:
-            logits = model(tokens[:, None], cache=cache, keep_last=1)[:, 0]
+            logits = (compiled_decode_step if compiled else decode_step)(model, tokens, cache)
 
     steps = torch.arange(params.max_new_tokens, device=device)
     response_mask = (steps[None, :] < lengths[:, None]).long()
@@ -103,11 +108,13 @@ def sequences_batch(out: dict[str, torch.Tensor], pad_token_id: int) -> dict[str
 
 class TorchRollout:
     """Generation with the built-in engine on a model that lives elsewhere (the actor's, shared); ``precision``
-    is the training engine's forward context (its bf16 autocast), so that both compute alike."""
+    is the training engine's forward context (its bf16 autocast), so that both compute alike. ``compiled``: the
+    decoding step runs compiled (``rollout.torch_compile``)."""
 
     def __init__(self, model: DecoderLM, params: SamplingParams, eos_token_id: int | None, pad_token_id: int,
-                 precision: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
+                 precision: Callable[[], AbstractContextManager[Any]] = nullcontext, compiled: bool = False) -> None:
         self.model = model
+        self.compiled = compiled
         self.params = params
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
@@ -121,7 +128,7 @@ class TorchRollout:
         try:
             with self.precision():
                 out = generate(self.model, prompt_ids, prompt_mask, params or self.params, self.eos_token_id,
-                               self.pad_token_id)
+                               self.pad_token_id, self.compiled)
         finally:
             self.model.train(was_training)
         return sequences_batch(out, self.pad_token_id)

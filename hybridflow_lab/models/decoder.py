@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from hybridflow_lab.models.kv_cache import KVCache
+from hybridflow_lab.models.kv_cache import KVCache, SlotCache
 from hybridflow_lab.models.packing import Packing
 from hybridflow_lab.models.tensor_parallel import (
     SINGLE,
@@ -111,7 +111,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         mask: torch.Tensor | None,
-        cache: KVCache | None,
+        cache: KVCache | SlotCache | None,
         layer: int,
         packing: Packing | None = None,
     ) -> torch.Tensor:
@@ -176,7 +176,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-                cache: KVCache | None, layer: int, packing: Packing | None = None) -> torch.Tensor:
+                cache: KVCache | SlotCache | None, layer: int, packing: Packing | None = None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, packing)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -200,7 +200,7 @@ class Backbone(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | SlotCache | None = None,
         packing: Packing | None = None,
     ) -> torch.Tensor:
         """Hidden states ``[batch, length, hidden]``; with ``packing``, ``[outputs, hidden]`` for the packed tokens
@@ -245,7 +245,7 @@ class DecoderLM(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | SlotCache | None = None,
         keep_last: int = 0,
         packing: Packing | None = None,
     ) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers import PretrainedConfig
 
@@ -57,6 +59,13 @@ class KVCache:
         self._start, self.length = slot, slot + 1
         return positions, self.valid[:, None, None, : self.length] if self._padded else None
 
+    def next_slot(self) -> SlotCache:
+        """Reserve the next decoding slot (one real token per row) and return the step's ``SlotCache``."""
+        slot = self.length
+        positions, _ = self._decode_slot(slot)
+        return SlotCache(self.keys.unbind(0), self.values.unbind(0), torch.tensor([slot], device=self.valid.device),
+                         positions, self.valid[:, None, None, :])
+
     def _causal(self, start: int, end: int, with_padding: bool) -> torch.Tensor:
         device = self.valid.device
         queries = torch.arange(start, end, device=device)[:, None]
@@ -80,3 +89,22 @@ class KVCache:
         self.values = self.values[:, rows]
         self.valid = self.valid[rows]
         self.next_position = self.next_position[rows]
+
+
+class SlotCache:
+    """One decoding step's view of a ``KVCache`` whose step state is all tensors, for a compiled decode step: it
+    writes the step's keys and values at ``slot`` and attends over every slot of the cache, ``mask`` hiding
+    padding and slots not yet written. Fixed shapes and no Python integers that change between steps, so one
+    graph serves every step."""
+
+    def __init__(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], slot: torch.Tensor,
+                 positions: torch.Tensor, mask: torch.Tensor) -> None:
+        self.keys, self.values, self.slot, self.positions, self.mask = keys, values, slot, positions, mask
+
+    def extend(self, attention_mask: torch.Tensor | None, new: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.positions, self.mask
+
+    def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys[layer].index_copy_(2, self.slot, keys)
+        self.values[layer].index_copy_(2, self.slot, values)
+        return self.keys[layer], self.values[layer]
