@@ -10,6 +10,7 @@ import torch
 from hybridflow_lab.config import ConfigError
 from hybridflow_lab.dataflows import ALGORITHMS, register_algorithm
 from hybridflow_lab.models import create_model_dir
+from hybridflow_lab.models.decode_step import missing_cpp_compiler
 from hybridflow_lab.trainer.lab import Lab
 from hybridflow_lab.ui.figures import recent_steps, timeline
 
@@ -209,3 +210,15 @@ def test_wandb_logs_offline_without_network(model_dir, tmp_path, monkeypatch):
     assert len(table["data"]) == 8 and [row[1] for row in table["data"]] == [r["prompt"] for r in lab.samples]
     leaked = [p for p in (tmp_path / "run").rglob("*") if p.is_file() and b"x" * 40 in p.read_bytes()]
     assert not leaked
+
+
+@pytest.mark.skipif(bool(missing_cpp_compiler()), reason=str(missing_cpp_compiler()))
+def test_the_compiled_decoding_step_generates_past_deepspeeds_timer_start(model_dir, tmp_path):
+    """DeepSpeed's forward hook on the actor's module starts a timer (``time.time``, which dynamo cannot trace) from
+    its third step on; the compiled step leaves that bookkeeping out."""
+    compiled = ("actor.engine.backend=deepspeed", "rollout.torch_compile=true")
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", *compiled))
+    for _ in range(3):
+        metrics = lab.step()
+    assert metrics["response_length/mean"] > 0 and torch.isfinite(torch.tensor(metrics["actor/pg_loss"]))
+    lab.shutdown()

@@ -17,14 +17,20 @@ from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.models.kv_cache import KVCache, SlotCache
 
 
-def decode_step(model: DecoderLM, tokens: torch.Tensor, cache: KVCache | SlotCache) -> torch.Tensor:
+def decode_step(model: DecoderLM, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Next-token logits ``[batch, vocab]`` for one new token per row (eager: over the filled slots only)."""
     return model(tokens[:, None], cache=cache, keep_last=1)[:, 0]
 
 
+def _hookless_decode_step(model: DecoderLM, tokens: torch.Tensor, cache: SlotCache) -> torch.Tensor:
+    # ``forward``, not ``__call__``: hooks on the model itself are a training engine's bookkeeping (DeepSpeed's
+    # start a throughput timer, with ``time.time``, which dynamo cannot trace); its layers' hooks still run
+    return model.forward(tokens[:, None], cache=cache, keep_last=1)[:, 0]
+
+
 @functools.cache
 def _compiled_decode_step() -> Callable[..., torch.Tensor]:
-    return torch.compile(decode_step, fullgraph=True)  # made on first use: importing dynamo takes 0.6 s
+    return torch.compile(_hookless_decode_step, fullgraph=True)  # made on first use: importing dynamo takes 0.6 s
 
 
 def compiled_decode_step(model: DecoderLM, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
