@@ -15,8 +15,8 @@ from typing import Any
 from hybridflow_lab.smoke import checks
 
 CHECKS: dict[str, Callable[[checks.SmokeSetup], dict[str, Any]]] = {
-    "placement": checks.placement, "engines": checks.engines, "reshard": checks.reshard, "vllm": checks.vllm,
-    "ppo": checks.ppo,
+    "placement": checks.placement, "engines": checks.engines, "reshard": checks.reshard,
+    "compiled_decode": checks.compiled_decode, "vllm": checks.vllm, "ppo": checks.ppo,
 }
 
 

@@ -182,6 +182,17 @@ def reshard(setup: SmokeSetup) -> dict[str, Any]:
     return {"ok": ok, **results}
 
 
+def compiled_decode(setup: SmokeSetup) -> dict[str, Any]:
+    """The built-in engine's decoding step compiled for the device (``rollout.torch_compile``): the log-probs it
+    generates with are the training forward's, before and after an update."""
+    config = actor_config(setup, torch_compile=True)
+    with setup.group(Role(SmokeActor, config), meshes=SmokeActor.meshes(config), name="smoke-compiled") as actor:
+        found = actor_round(actor)
+    on_device = all_on(found["state_devices"], setup.device)
+    return {"ok": on_device and found["log_prob_gap"] < 1e-3, "log_prob_gap": found["log_prob_gap"],
+            "state_devices": found["state_devices"]}
+
+
 def vllm(setup: SmokeSetup) -> dict[str, Any]:
     """vLLM generate -> update -> sync -> generate equals the built-in engine's tokens (float32); sleep frees
     device memory; the wake/load/wake order holds."""
