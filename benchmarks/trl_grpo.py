@@ -226,6 +226,7 @@ def run(steps: int = 8, warmup: int = 2, threads: int = 2, workload: str = "stan
         "tokens_per_step": statistics.median(counted),
         "step_s_median": round(statistics.median(measured), 3),
         "tokens_per_s_median": round(statistics.median(n / t for n, t in zip(counted, measured, strict=True)), 1),
+        "step_s": [round(t, 4) for t in measured], "step_tokens": counted,
         "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
     }
 

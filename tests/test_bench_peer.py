@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from hybridflow_lab.bench.peer import peer_command, started_peer
+from hybridflow_lab.bench.peer import peer_command, peer_figures, started_peer
 
 # Speaks trl_grpo.py's protocol: pauses before its first step and after each block, then prints its report. Each
 # block appends "peer" to a log file, so the log shows when the peer ran.
@@ -37,6 +37,20 @@ def test_the_peer_runs_only_between_our_blocks_and_reports_after_its_last(tmp_pa
             reports.append(peer.next_block())
     assert log.read_text().split() == ["ours", "peer"] * 3
     assert reports[:2] == [None, None] and reports[2] == {"bench": "trl_grpo", "tokens_per_s_median": 1.0}
+
+
+def test_the_peer_runs_its_remaining_blocks_to_its_report(tmp_path):
+    log = tmp_path / "log"
+    with started_peer([sys.executable, "-c", PEER, str(log), "3"]) as peer:
+        assert peer.next_block() is None
+        assert peer.run_to_end() == {"bench": "trl_grpo", "tokens_per_s_median": 1.0}
+    assert log.read_text().split() == ["peer"] * 3
+
+
+def test_peer_figures_are_the_medians_over_the_steps_asked_for():
+    report = {"step_s": [1.0, 2.0, 4.0, 0.5, 0.5], "step_tokens": [100, 100, 100, 100, 200]}
+    assert peer_figures(report, slice(0, 3)) == (50.0, 2.0)  # 100, 50, 25 tokens/s
+    assert peer_figures(report, slice(-2, None)) == (300.0, 0.5)  # 200 and 400 tokens/s
 
 
 def test_a_failing_peer_names_its_exit_code_and_shows_its_stderr():

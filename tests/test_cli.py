@@ -91,10 +91,37 @@ def test_bench_algorithms_runs_each_algorithm_from_the_same_warm_start():
     assert report["runs"]["gspo"]["overrides"] == ["algorithm.policy_loss=gspo"]
 
 
-def test_bench_e2e_standard_bf16_trains_in_bf16_against_bf16s_matmul_rate():
-    report = json.loads(run_cli("bench", "e2e", "--quick", "--workload", "standard-bf16"))
+# Stands in for benchmarks/trl_grpo.py in a --peer virtualenv: keeps its pausing protocol and reports measured step
+# i as taking i + 1 seconds, so the report shows which of TRL's steps each figure was taken over.
+FAKE_TRL = """
+import argparse, json, sys
+parser = argparse.ArgumentParser()
+for option in ("--workload", "--steps", "--warmup", "--pause-every"):
+    parser.add_argument(option)
+args = parser.parse_args(sys.argv[2:])
+steps, warmup, every = int(args.steps), int(args.warmup), int(args.pause_every)
+for step in range(warmup + steps):
+    if step == 0 or (step >= warmup + every and (step - warmup) % every == 0):
+        print(json.dumps({"paused": step}), flush=True)
+        sys.stdin.readline()
+print(json.dumps({"bench": "trl_grpo", "step_s": [i + 1.0 for i in range(steps)], "step_tokens": [5120] * steps}))
+"""
+
+
+def test_bench_e2e_standard_bf16_trains_in_bf16_against_bf16s_matmul_rate(tmp_path):
+    (tmp_path / "bin").mkdir()
+    python = tmp_path / "bin" / "python"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -c '{FAKE_TRL}' \"$@\"\n")
+    python.chmod(0o755)
+    report = json.loads(run_cli("bench", "e2e", "--quick", "--workload", "standard-bf16", "--peer", str(tmp_path)))
     assert report["workload"] == "standard-bf16" and report["precision"] == "bfloat16"
     assert report["tokens_per_step"] == 5120 and report["matmul_gflops"] > 0
+    # TRL's steps: one between two blocks of ours, then one alone, after our Lab's step alone and its shutdown
+    assert report["peer"]["step_s"] == [1.0, 2.0]
+    assert (report["peer_step_s"], report["peer_alone_step_s"]) == (1.0, 2.0)
+    assert report["ratio_vs_peer"] == pytest.approx(report["tokens_per_s_median"] / 5120, abs=1e-3)
+    assert report["alone_tok_s"] == pytest.approx(5120 / report["alone_step_s"], rel=2e-3)
+    assert report["ratio_vs_peer_alone"] == pytest.approx(report["alone_tok_s"] / 2560, abs=1e-3)
 
 
 def test_bench_e2e_natural_workload_counts_the_real_tokens_of_its_forced_lengths(tmp_path):

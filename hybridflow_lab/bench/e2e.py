@@ -22,13 +22,19 @@ Reported beside the tokens/s: each stage's median seconds, each stage's FLOPs ov
 machine's matmul rate (``stage_flop_fraction``), the step's share of that roofline, and with ``peer`` (a
 virtualenv holding TRL, ``make trl-env``) TRL's ``GRPOTrainer`` on the same workload (``peer_tok_s``,
 ``ratio_vs_peer``). The two alternate in blocks of steps (``peer_block_steps``), each side idle while the other
-runs, so that the machine's slow minutes hit both alike; on ``smollm2``, whose TRL step needs 14 GB beside our
-Lab's, ours run first and TRL's after our Lab has shut down.
+runs, so that the machine's slow minutes hit both alike. Then each side runs as many steps again without
+alternating: ours while TRL waits, then TRL's after our Lab has shut down (``alone_tok_s``, ``peer_alone_tok_s``,
+``ratio_vs_peer_alone``). The two ratios differ: in the alternating blocks each side starts with the other's data
+in the caches, and TRL's run beside our idle Lab, whose Ray processes still take some of the machine.
+On ``smollm2``, whose TRL step needs 14 GB beside our Lab's, ours run first and all of TRL's after our Lab has
+shut down, so the two ratios are the same.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -38,7 +44,7 @@ from typing import Any
 
 import torch
 
-from hybridflow_lab.bench.peer import peer_command, started_peer
+from hybridflow_lab.bench.peer import peer_command, peer_figures, started_peer
 from hybridflow_lab.bench.roofline import matmul_gflops
 from hybridflow_lab.models import create_model_dir, describe, load_causal_lm
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
@@ -108,8 +114,9 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
     spec = WORKLOADS[workload]
     steps, warmup = steps or spec.steps, warmup if warmup is not None else spec.warmup
     lengths = NATURAL_LENGTHS if workload == "natural" else ()
-    block = spec.block or steps
-    command = peer_command(peer, workload, steps, warmup, block, lengths) if peer else None  # fails before any run
+    block = math.gcd(spec.block, steps) if spec.block else steps  # divides `steps`: TRL pauses where ours end
+    peer_steps = steps + steps if spec.block else steps  # alternating, then alone
+    command = peer_command(peer, workload, peer_steps, warmup, block, lengths) if peer else None  # fails before any run
     no_compiler = missing_cpp_compiler()
     compiled = () if no_compiler else ("rollout.torch_compile=true",)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
@@ -126,22 +133,39 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
         for _ in range(warmup):
             lab.step()
         history: list[dict[str, float]] = []
-        peer_report = None
         for start in range(0, steps, block):
             history += [lab.step() for _ in range(min(block, steps - start))]
-            if theirs and spec.block is None:
-                lab.shutdown()  # the two do not fit in this machine's memory together
-            peer_report = theirs.next_block() if theirs else None
-        report = throughput(history, rows, counts["non_embedding_parameters"], counts["head_parameters"],
-                            spec.real_tokens, matmul_gflops(dtype=precision))
+            if theirs and spec.block:
+                theirs.next_block()  # TRL's block of steps, between two of ours
+        # then each side's steps without alternating: ours while TRL waits, TRL's once our Lab has shut down
+        alone = [lab.step() for _ in range(steps)] if theirs and spec.block else history
+        peer_report = None
+        if theirs:
+            lab.shutdown()  # (on smollm2, before any of TRL's steps: the two do not fit in memory together)
+            peer_report = theirs.run_to_end()
+        rate = matmul_gflops(dtype=precision)
+        figures = functools.partial(throughput, rows=rows, parameters=counts["non_embedding_parameters"],
+                                    head=counts["head_parameters"], real_tokens=spec.real_tokens, rate=rate)
         report = {"bench": "e2e", "workload": workload, "actor_ranks": ranks, "engine": lab.config.actor.engine.backend,
                   "steps": steps, "precision": str(precision).removeprefix("torch."),
-                  "decode_step": f"eager: {no_compiler}" if no_compiler else "compiled", **report}
+                  "decode_step": f"eager: {no_compiler}" if no_compiler else "compiled", **figures(history)}
         if peer_report:
-            report.update(peer_tok_s=peer_report["tokens_per_s_median"], peer_step_s=peer_report["step_s_median"],
-                          ratio_vs_peer=round(report["tokens_per_s_median"] / peer_report["tokens_per_s_median"], 3),
-                          peer_block_steps=spec.block or "none: ours, then TRL's", peer=peer_report)
+            report.update(peer_comparison(report, figures(alone), peer_report, steps, block if spec.block else None))
     return report
+
+
+def peer_comparison(ours: dict[str, Any], ours_alone: dict[str, Any], peer: dict[str, Any], steps: int,
+                    block: int | None) -> dict[str, Any]:
+    """TRL's figures beside ours: over its first ``steps`` measured steps, which alternated with ours in blocks of
+    ``block``, and over its last ``steps``, run alone after our Lab shut down, beside ``ours_alone`` (our steps
+    run while TRL waited). On smollm2 (``block`` None) every step of each side ran alone."""
+    tok_s, step_s = peer_figures(peer, slice(0, steps))
+    alone_tok_s, alone_step_s = peer_figures(peer, slice(-steps, None))
+    return {"peer_tok_s": tok_s, "peer_step_s": step_s, "ratio_vs_peer": round(ours["tokens_per_s_median"] / tok_s, 3),
+            "alone_tok_s": ours_alone["tokens_per_s_median"], "alone_step_s": ours_alone["step_s_median"],
+            "peer_alone_tok_s": alone_tok_s, "peer_alone_step_s": alone_step_s,
+            "ratio_vs_peer_alone": round(ours_alone["tokens_per_s_median"] / alone_tok_s, 3),
+            "peer_block_steps": block or "none: ours, then TRL's", "peer": peer}
 
 
 def throughput(history: list[dict[str, float]], rows: int, parameters: int, head: int, real_tokens: bool,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import statistics
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -61,6 +62,12 @@ class PeerRun:
         self._process.stdin.flush()
         return self.until_pause_or_report()
 
+    def run_to_end(self) -> dict[str, Any]:
+        """Let the peer run all its remaining blocks; its JSON report."""
+        while (report := self.next_block()) is None:
+            pass
+        return report
+
     def until_pause_or_report(self) -> dict[str, Any] | None:
         """Read the peer's output to its next pause (None) or its final report; its stderr if it fails."""
         assert self._process.stdout is not None
@@ -75,6 +82,13 @@ class PeerRun:
         self._stderr.seek(0)
         raise RuntimeError(f"the TRL peer failed (exit {self._process.returncode}; {' '.join(self.command)}):\n"
                            f"{self._stderr.read()[-3000:]}")
+
+
+def peer_figures(report: dict[str, Any], steps: slice) -> tuple[float, float]:
+    """The peer's median tokens/s and median step seconds over the measured ``steps`` of its ``report``."""
+    times, tokens = report["step_s"][steps], report["step_tokens"][steps]
+    rates = [n / t for n, t in zip(tokens, times, strict=True)]
+    return round(statistics.median(rates), 1), round(statistics.median(times), 3)
 
 
 def _json_object(line: str) -> dict[str, Any] | None:
