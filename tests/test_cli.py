@@ -108,7 +108,7 @@ print(json.dumps({"bench": "trl_grpo", "step_s": [i + 1.0 for i in range(steps)]
 """
 
 
-def test_bench_e2e_standard_bf16_trains_in_bf16_against_bf16s_matmul_rate(tmp_path):
+def test_bench_e2e_standard_bf16_trains_in_bf16_and_reports_the_peer_alternating_then_alone(tmp_path):
     (tmp_path / "bin").mkdir()
     python = tmp_path / "bin" / "python"
     python.write_text(f"#!/bin/sh\nexec {sys.executable} -c '{FAKE_TRL}' \"$@\"\n")
@@ -116,7 +116,7 @@ def test_bench_e2e_standard_bf16_trains_in_bf16_against_bf16s_matmul_rate(tmp_pa
     report = json.loads(run_cli("bench", "e2e", "--quick", "--workload", "standard-bf16", "--peer", str(tmp_path)))
     assert report["workload"] == "standard-bf16" and report["precision"] == "bfloat16"
     assert report["tokens_per_step"] == 5120 and report["matmul_gflops"] > 0
-    # TRL's steps: one between two blocks of ours, then one alone, after our Lab's step alone and its shutdown
+    # TRL's measured steps: one after our block, then one alone, after our step alone and our Lab's shutdown
     assert report["peer"]["step_s"] == [1.0, 2.0]
     assert (report["peer_step_s"], report["peer_alone_step_s"]) == (1.0, 2.0)
     assert report["ratio_vs_peer"] == pytest.approx(report["tokens_per_s_median"] / 5120, abs=1e-3)
