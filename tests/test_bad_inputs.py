@@ -124,20 +124,21 @@ def expect(case: Case, build: Callable[[], object]) -> None:
         assert expected in message, f"{expected!r} not in {message!r}"
 
 
-def test_compiled_decoding_without_a_cpp_compiler_fails_before_start(models, tmp_path):
+@pytest.mark.parametrize("key", ["rollout.torch_compile", "actor.engine.torch_compile"])
+def test_compiling_without_a_cpp_compiler_fails_before_start(models, tmp_path, key):
     import torch._inductor.config as inductor
 
-    case = Case("no_cpp_compiler", None, ConfigError, ("rollout.torch_compile", "needs a C++ compiler"),
-                "install one (g++) or set rollout.torch_compile=false")
+    case = Case("no_cpp_compiler", None, ConfigError, (key, "needs a C++ compiler"),
+                f"install one (g++) or set {key}=false")
     with inductor.patch({"cpp.cxx": ("no-such-c++",)}):
-        expect(case, lambda: Lab(None, overrides=(*base_overrides(models, tmp_path), "rollout.torch_compile=true"),
-                                 start=False))
+        expect(case, lambda: Lab(None, overrides=(*base_overrides(models, tmp_path), f"{key}=true"), start=False))
 
 
 def test_the_inputs_the_tables_break_work(models, tmp_path):
     base = base_overrides(models, tmp_path)
     for extra in ((), PPO, DYNAMIC, (*TORCH_ENGINE, "actor.engine.tensor_parallel=2"), COMPILED_TP,
-                  (f"actor.model_path={models['vocab_101']}",), ("rollout.torch_compile=true",)):
+                  (f"actor.model_path={models['vocab_101']}",), ("rollout.torch_compile=true",),
+                  ("actor.engine.torch_compile=true", "critic.engine.torch_compile=true", *PPO)):
         assert Lab(None, overrides=(*base, *extra), start=False).groups == {}
     config_file = tmp_path / "run.yaml"
     config_file.write_text("actor:\n  optim:\n    lr: 1.0e-5\n")
@@ -296,6 +297,13 @@ OVERRIDE_CASES = [
          ("rollout.torch_compile", "rollout.engine is 'vllm'"), "or rollout.torch_compile=false"),
     Case("compiled_decoding_with_generation_tp", [*COMPILED_TP, "rollout.torch_compile=true"], ConfigError,
          ("rollout.torch_compile", "no collectives"), "set rollout.tensor_parallel=1"),
+    Case("compiled_layers_with_fsdp", ["actor.engine.backend=fsdp", "actor.engine.torch_compile=true"], ConfigError,
+         ("actor.engine.torch_compile", "FSDP gathers parameters in hooks"), "use actor.engine.backend=torch"),
+    Case("compiled_layers_with_zero3", ["critic.engine.zero_stage=3", "critic.engine.torch_compile=true", *PPO],
+         ConfigError, ("critic.engine.torch_compile", "ZeRO-3"), "deepspeed with critic.engine.zero_stage=1 or 2"),
+    Case("compiled_layers_with_training_tp", [*TORCH_ENGINE, "actor.engine.tensor_parallel=2",
+                                               "actor.engine.torch_compile=true"], ConfigError,
+         ("actor.engine.torch_compile", "no collectives"), "set actor.engine.tensor_parallel=1"),
     Case("unknown_policy_loss", ["algorithm.policy_loss=trpo"], ConfigError, ("algorithm.policy_loss", "'trpo'"),
          "known: cispo, gspo, ppo"),
     Case("unknown_cost", ["task.cost=toxicity"], ConfigError, ("task.cost", "'toxicity'"), "['digit_cost']"),

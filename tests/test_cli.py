@@ -115,6 +115,7 @@ def test_bench_e2e_standard_bf16_trains_in_bf16_and_reports_the_peer_alternating
     python.chmod(0o755)
     report = json.loads(run_cli("bench", "e2e", "--quick", "--workload", "standard-bf16", "--peer", str(tmp_path)))
     assert report["workload"] == "standard-bf16" and report["precision"] == "bfloat16"
+    assert report["decode_step"] == report["layers"] == "compiled"  # bf16 weights, a bf16 reference
     assert report["tokens_per_step"] == 5120 and report["matmul_gflops"] > 0
     # TRL's measured steps: one after our block, then one alone, after our step alone and our Lab's shutdown
     assert report["peer"]["step_s"] == [1.0, 2.0]
@@ -128,7 +129,8 @@ def test_bench_e2e_natural_workload_counts_the_real_tokens_of_its_forced_lengths
     from hybridflow_lab.bench.e2e import NATURAL_LENGTHS
 
     report = json.loads(run_cli("bench", "e2e", "--quick", "--workload", "natural", "--engine", "torch"))
-    assert report["workload"] == "natural" and report["engine"] == "torch" and report["decode_step"] == "compiled"
+    assert report["workload"] == "natural" and report["engine"] == "torch"
+    assert report["decode_step"] == report["layers"] == "compiled"
     assert report["tokens_counted"] == "real prompt + response tokens"
     prompt_tokens = report["tokens_per_step"] / 64 - sum(NATURAL_LENGTHS) / len(NATURAL_LENGTHS)
     assert 4 <= prompt_tokens <= 8  # 'a+b=' with a, b < 1000, no padding counted

@@ -16,7 +16,9 @@ forward pass gives the old log-probs) and KL 0.04 to the reference:
   over float32 weights); the matmul rate it is compared with is bfloat16's.
 
 Ours generate with the built-in engine, its decoding step compiled (``rollout.torch_compile``) where a C++
-compiler exists, else eager (``decode_step`` in the report says which, and why).
+compiler exists, else eager (``decode_step`` in the report says which, and why). There the training and scoring
+passes run each layer's work outside attention compiled too (``actor.engine.torch_compile``; ``layers``), except
+under FSDP, which that option refuses.
 
 Reported beside the tokens/s: each stage's median seconds, each stage's FLOPs over its time and this
 machine's matmul rate (``stage_flop_fraction``), the step's share of that roofline, and with ``peer`` (a
@@ -117,8 +119,7 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
     block = math.gcd(spec.block, steps) if spec.block else steps  # divides `steps`: TRL pauses where ours end
     peer_steps = steps + steps if spec.block else steps  # alternating, then alone
     command = peer_command(peer, workload, peer_steps, warmup, block, lengths) if peer else None  # fails before any run
-    no_compiler = missing_cpp_compiler()
-    compiled = () if no_compiler else ("rollout.torch_compile=true",)
+    compiled, compiled_report = compile_settings(engine)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         model = spec.model(tmp) if spec.model else None
         theirs = None
@@ -148,10 +149,23 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
                                     head=counts["head_parameters"], real_tokens=spec.real_tokens, rate=rate)
         report = {"bench": "e2e", "workload": workload, "actor_ranks": ranks, "engine": lab.config.actor.engine.backend,
                   "steps": steps, "precision": str(precision).removeprefix("torch."),
-                  "decode_step": f"eager: {no_compiler}" if no_compiler else "compiled", **figures(history)}
+                  **compiled_report, **figures(history)}
         if peer_report:
             report.update(peer_comparison(report, figures(alone), peer_report, steps, block if spec.block else None))
     return report
+
+
+def compile_settings(engine: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The overrides that compile our decoding step and our training layers where they can be, and the report's
+    ``decode_step`` and ``layers``: which ran compiled, and why not."""
+    no_compiler = missing_cpp_compiler()
+    if no_compiler:
+        return (), {"decode_step": f"eager: {no_compiler}", "layers": f"eager: {no_compiler}"}
+    if engine == "fsdp":
+        return ("rollout.torch_compile=true",), {"decode_step": "compiled",
+                                                  "layers": "eager: actor.engine.torch_compile refuses FSDP"}
+    return ("rollout.torch_compile=true", "actor.engine.torch_compile=true"), {"decode_step": "compiled",
+                                                                                "layers": "compiled"}
 
 
 def peer_comparison(ours: dict[str, Any], ours_alone: dict[str, Any], peer: dict[str, Any], steps: int,

@@ -49,6 +49,7 @@ class EngineConfig:
     bf16: bool = False
     gradient_checkpointing: bool = False  # recompute each decoder layer's activations in the backward pass
     remove_padding: bool = True  # passes over the real tokens only (packed; verl's use_remove_padding)
+    torch_compile: bool = False  # training and scoring passes run each layer's work outside attention compiled
 
 
 @dataclass

@@ -204,6 +204,8 @@ def _check_role(config: LabConfig, name: str, role: RoleConfig) -> None:
         raise ConfigError(f"{name}.lora.rank", f"LoRA adapters are not built for tensor-parallel shards ({name}"
                           f".engine.tensor_parallel={role.engine.tensor_parallel}); set {name}.lora.rank=0 for full "
                           f"fine-tuning, or {name}.engine.tensor_parallel=1")
+    if role.engine.torch_compile:
+        _check_compiled_layers(config, name, role)
     dp = _data_parallel(name, role)
     if batch.update_minibatch_sequences % dp:
         raise ConfigError(
@@ -220,6 +222,19 @@ def _check_role(config: LabConfig, name: str, role: RoleConfig) -> None:
             f"data-parallel ranks); use one of {divisors(per_rank)}",
         )
     _model(role.model_path or config.actor.model_path, f"{name}.model_path")
+
+
+def _check_compiled_layers(config: LabConfig, name: str, role: RoleConfig) -> None:
+    key, engine = f"{name}.engine.torch_compile", role.engine
+    if engine.tensor_parallel > 1:
+        raise ConfigError(key, f"the compiled layers run no collectives; set {name}.engine.tensor_parallel=1 or "
+                          f"{key}=false")
+    sharded = {"fsdp": "FSDP", "deepspeed": "ZeRO-3" if engine.zero_stage == 3 else ""}.get(engine.backend)
+    if sharded:
+        raise ConfigError(key, f"{sharded} gathers parameters in hooks on each layer's modules, which the compiled "
+                          f"layers are not built to trace; use {name}.engine.backend=torch, or deepspeed with "
+                          f"{name}.engine.zero_stage=1 or 2, or set {key}=false")
+    _check_cpp_compiler(config, key)
 
 
 def _data_parallel(name: str, role: RoleConfig) -> int:
@@ -364,9 +379,13 @@ def _check_torch_compile(config: LabConfig) -> None:
     if rollout.tensor_parallel != 1:
         raise ConfigError("rollout.torch_compile", "the compiled decoding step runs no collectives; set "
                           "rollout.tensor_parallel=1 or rollout.torch_compile=false")
+    _check_cpp_compiler(config, "rollout.torch_compile")
+
+
+def _check_cpp_compiler(config: LabConfig, key: str) -> None:
     missing = missing_cpp_compiler() if resolve_device(config) == "cpu" else None
     if missing:
-        raise ConfigError("rollout.torch_compile", f"{missing}; install one (g++) or set rollout.torch_compile=false")
+        raise ConfigError(key, f"{missing}; install one (g++) or set {key}=false")
 
 
 def _check_vllm(config: LabConfig, model: PretrainedConfig) -> None:

@@ -9,6 +9,8 @@ holds its Megatron-style shard (``tensor_parallel.py``) and the forward runs the
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -105,30 +107,31 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=out_bias)  # row-parallel
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor | None,
-        cache: KVCache | SlotCache | None,
-        layer: int,
-        packing: Packing | None = None,
-    ) -> torch.Tensor:
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values ``[..., tokens, heads, dim]``, queries and keys rotated (before heads move in
+        front, so packed and padded inputs share the code)."""
         x = copy_to_parallel(x, self.tp)
-        # [..., tokens, heads, dim]; rotated before heads move in front, so packed and padded inputs share the code
         q = self.q_proj(x).unflatten(-1, (self.heads, self.head_dim))
         k = self.k_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))
         v = self.v_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+               cache: KVCache | SlotCache | None, layer: int, packing: Packing | None = None) -> torch.Tensor:
+        """``project``'s outputs attended, ``[..., tokens, heads * dim]``: within each packed sequence, or over the
+        padded batch (and the cache, which takes the new keys and values)."""
         if packing is not None:
-            return reduce_from_parallel(self.o_proj(packing.attend(q, k, v, self._attend)), self.tp)
+            return packing.attend(q, k, v, self._attend)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if cache is not None:
             k, v = cache.append(layer, k, v)
         out = decode_attention(q, k, v, mask) if q.shape[2] == 1 else self._attend(q, k, v, mask)
-        return reduce_from_parallel(self.o_proj(out.transpose(1, 2).flatten(2)), self.tp)
+        return out.transpose(1, 2).flatten(2)
+
+    def output(self, attended: torch.Tensor) -> torch.Tensor:
+        return reduce_from_parallel(self.o_proj(attended), self.tp)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
@@ -176,9 +179,29 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-                cache: KVCache | SlotCache | None, layer: int, packing: Packing | None = None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, packing)
+                cache: KVCache | SlotCache | None, layer: int, packing: Packing | None = None,
+                compiled: bool = False) -> torch.Tensor:
+        """The layer's output; ``compiled``: the work before and after attention runs compiled (``compile_layers``)."""
+        before, after = _compiled_layer_parts() if compiled else (DecoderLayer.attention_inputs,
+                                                                   DecoderLayer.attention_outputs)
+        q, k, v = before(self, x, cos, sin)
+        return after(self, x, self.self_attn.attend(q, k, v, mask, cache, layer, packing))
+
+    def attention_inputs(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.self_attn.project(self.input_layernorm(x), cos, sin)
+
+    def attention_outputs(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn.output(attended)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@functools.cache
+def _compiled_layer_parts() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    # attention itself stays eager: packed attention loops over length groups, whose number varies per batch and
+    # would recompile the graph for each; the token count is symbolic, so one graph serves every batch
+    return (torch.compile(DecoderLayer.attention_inputs, dynamic=True),
+            torch.compile(DecoderLayer.attention_outputs, dynamic=True))
 
 
 class Backbone(nn.Module):
@@ -194,6 +217,7 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config)
         self.gradient_checkpointing = False  # recompute each layer's activations in the backward pass
+        self.compiled_layers = False  # passes without a cache run each layer's non-attention work compiled
 
     def forward(
         self,
@@ -220,11 +244,12 @@ class Backbone(nn.Module):
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(position_ids, x.dtype)
         recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        compiled = self.compiled_layers and cache is None
         for index, layer in enumerate(self.layers):
             if recompute:
-                x = checkpoint(layer, x, cos, sin, mask, cache, index, packing, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, mask, cache, index, packing, compiled, use_reentrant=False)
             else:
-                x = layer(x, cos, sin, mask, cache, index, packing)
+                x = layer(x, cos, sin, mask, cache, index, packing, compiled)
         return self.norm(x if packing is None else packing.select_outputs(x))
 
 
@@ -264,6 +289,15 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, Backbone):
             module.gradient_checkpointing = True
+
+
+def compile_layers(model: nn.Module) -> None:
+    """Run the work before and after attention of every decoder layer of every backbone in ``model`` compiled
+    (``torch.compile``, inductor) in passes without a KV cache: the training, log-prob and value passes. Each part
+    compiles on first use, once with autograd and once without; generation stays as it is."""
+    for module in model.modules():
+        if isinstance(module, Backbone):
+            module.compiled_layers = True
 
 
 def shard_model(full: DecoderLM, tp: TensorParallel) -> DecoderLM:

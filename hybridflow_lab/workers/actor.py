@@ -23,7 +23,7 @@ from hybridflow_lab.engines.torch_rollout import TorchRollout
 from hybridflow_lab.hybrid.engine import HybridEngine, actor_layout, actor_meshes
 from hybridflow_lab.hybrid.reshard import process_groups
 from hybridflow_lab.models import load_causal_lm
-from hybridflow_lab.models.decoder import shard_model
+from hybridflow_lab.models.decoder import compile_layers, shard_model
 from hybridflow_lab.models.lora import adapters_disabled, merged_weights
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
 from hybridflow_lab.models.tokenizers import load_tokenizer
@@ -111,6 +111,8 @@ class ActorWorker(TrainedRole):
     def _reference(self, model: torch.nn.Module) -> torch.nn.Module:
         """The frozen reference policy on this rank's device, sharded like the actor (ZeRO-3, FSDP)."""
         engine = self.config.actor.engine
+        if engine.torch_compile:
+            compile_layers(model)
         return build_frozen_model(engine.backend, model, zero_stage=engine.zero_stage, bf16=engine.bf16,
                                   device=self.device)
 

@@ -10,7 +10,7 @@ from hybridflow_lab.controller import Dispatch, Worker, register
 from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.train_base import TrainEngine
 from hybridflow_lab.engines.training_state import TrainingState
-from hybridflow_lab.models.decoder import enable_gradient_checkpointing
+from hybridflow_lab.models.decoder import compile_layers, enable_gradient_checkpointing
 from hybridflow_lab.models.lora import apply_lora
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
 from hybridflow_lab.workers.batching import per_rank_minibatch
@@ -39,6 +39,8 @@ class TrainedRole(Worker):
             apply_lora(model, role.lora, self.trained_heads)
         if engine.gradient_checkpointing:
             enable_gradient_checkpointing(model)
+        if engine.torch_compile:
+            compile_layers(model)
         micro = batch.micro_batch_sequences_per_rank
         return build_train_engine(
             engine.backend, model, role.optim, zero_stage=engine.zero_stage, micro_batch_size=micro,
