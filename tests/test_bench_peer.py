@@ -69,8 +69,11 @@ def test_a_peer_that_never_pauses_is_refused():
 def test_the_peer_command_pauses_after_each_block_and_passes_the_natural_lengths(tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "python").symlink_to(sys.executable)
-    command = peer_command(str(tmp_path), "natural", steps=8, warmup=2, block=2, forced_lengths=(2, 3))
+    command = peer_command(str(tmp_path), "natural", steps=8, warmup=2, block=2, forced_lengths=(2, 3),
+                           torch_compile=True)
     assert command[0] == str(tmp_path / "bin" / "python") and command[1].endswith("benchmarks/trl_grpo.py")
-    options = dict(zip(command[2::2], command[3::2], strict=True))
+    assert command[-1] == "--torch-compile"
+    options = dict(zip(command[2:-1:2], command[3:-1:2], strict=True))
     assert options == {"--workload": "natural", "--steps": "8", "--warmup": "2", "--pause-every": "2",
                        "--forced-lengths": "2,3"}
+    assert "--torch-compile" not in peer_command(str(tmp_path), "standard", steps=8, warmup=2, block=2)

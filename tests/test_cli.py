@@ -98,13 +98,15 @@ import argparse, json, sys
 parser = argparse.ArgumentParser()
 for option in ("--workload", "--steps", "--warmup", "--pause-every"):
     parser.add_argument(option)
+parser.add_argument("--torch-compile", action="store_true")
 args = parser.parse_args(sys.argv[2:])
 steps, warmup, every = int(args.steps), int(args.warmup), int(args.pause_every)
 for step in range(warmup + steps):
     if step == 0 or (step >= warmup + every and (step - warmup) % every == 0):
         print(json.dumps({"paused": step}), flush=True)
         sys.stdin.readline()
-print(json.dumps({"bench": "trl_grpo", "step_s": [i + 1.0 for i in range(steps)], "step_tokens": [5120] * steps}))
+print(json.dumps({"bench": "trl_grpo", "step_s": [i + 1.0 for i in range(steps)], "step_tokens": [5120] * steps,
+                  "torch_compile": args.torch_compile}))
 """
 
 
@@ -116,6 +118,7 @@ def test_bench_e2e_standard_bf16_trains_in_bf16_and_reports_the_peer_alternating
     report = json.loads(run_cli("bench", "e2e", "--quick", "--workload", "standard-bf16", "--peer", str(tmp_path)))
     assert report["workload"] == "standard-bf16" and report["precision"] == "bfloat16"
     assert report["decode_step"] == report["layers"] == "compiled"  # bf16 weights, a bf16 reference
+    assert report["peer"]["torch_compile"]  # TRL's trainer compiles where ours do
     assert report["tokens_per_step"] == 5120 and report["matmul_gflops"] > 0
     # TRL's measured steps: one after our block, then one alone, after our step alone and our Lab's shutdown
     assert report["peer"]["step_s"] == [1.0, 2.0]

@@ -118,8 +118,11 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
     lengths = NATURAL_LENGTHS if workload == "natural" else ()
     block = math.gcd(spec.block, steps) if spec.block else steps  # divides `steps`: TRL pauses where ours end
     peer_steps = steps + steps if spec.block else steps  # alternating, then alone
-    command = peer_command(peer, workload, peer_steps, warmup, block, lengths) if peer else None  # fails before any run
-    compiled, compiled_report = compile_settings(engine)
+    no_compiler = missing_cpp_compiler()
+    compiled, compiled_report = compile_settings(engine, no_compiler)
+    # TRL's trainer compiles its model too where ours compile (faster on this CPU: docs/performance.md)
+    command = peer_command(peer, workload, peer_steps, warmup, block, lengths, torch_compile=not no_compiler) \
+        if peer else None  # fails before any run
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         model = spec.model(tmp) if spec.model else None
         theirs = None
@@ -155,10 +158,10 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
     return report
 
 
-def compile_settings(engine: str) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The overrides that compile our decoding step and our training layers where they can be, and the report's
-    ``decode_step`` and ``layers``: which ran compiled, and why not."""
-    no_compiler = missing_cpp_compiler()
+def compile_settings(engine: str, no_compiler: str | None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The overrides that compile our decoding step and our training layers where they can be (``no_compiler``:
+    why inductor cannot here, if so), and the report's ``decode_step`` and ``layers``: which ran compiled, and why
+    not."""
     if no_compiler:
         return (), {"decode_step": f"eager: {no_compiler}", "layers": f"eager: {no_compiler}"}
     if engine == "fsdp":

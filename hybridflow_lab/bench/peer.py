@@ -20,9 +20,9 @@ PEER_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "trl_grpo.py"
 
 
 def peer_command(venv: str, workload: str, steps: int, warmup: int, block: int,
-                 forced_lengths: Sequence[int] = ()) -> list[str]:
+                 forced_lengths: Sequence[int] = (), torch_compile: bool = False) -> list[str]:
     """The command that runs ``benchmarks/trl_grpo.py`` on ``workload`` from the virtualenv ``venv``, pausing after
-    its warmup and every ``block`` measured steps."""
+    its warmup and every ``block`` measured steps; ``torch_compile``: with the trainer's ``torch_compile``."""
     python = Path(venv) / "bin" / "python"
     if not python.is_file():
         raise SystemExit(f"hybridflow-lab bench e2e: error: --peer {venv} has no bin/python; `make trl-env` "
@@ -31,7 +31,8 @@ def peer_command(venv: str, workload: str, steps: int, warmup: int, block: int,
         raise SystemExit(f"hybridflow-lab bench e2e: error: no {PEER_SCRIPT}; --peer runs from a source checkout")
     command = [str(python), str(PEER_SCRIPT), "--workload", workload, "--steps", str(steps), "--warmup", str(warmup),
                "--pause-every", str(block)]
-    return command + (["--forced-lengths", ",".join(map(str, forced_lengths))] if forced_lengths else [])
+    return command + (["--forced-lengths", ",".join(map(str, forced_lengths))] if forced_lengths else []) + \
+        (["--torch-compile"] if torch_compile else [])
 
 
 @contextlib.contextmanager

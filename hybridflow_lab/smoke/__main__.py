@@ -16,7 +16,7 @@ from hybridflow_lab.smoke import checks
 
 CHECKS: dict[str, Callable[[checks.SmokeSetup], dict[str, Any]]] = {
     "placement": checks.placement, "engines": checks.engines, "reshard": checks.reshard,
-    "compiled_decode": checks.compiled_decode, "vllm": checks.vllm, "ppo": checks.ppo,
+    "compiled": checks.compiled, "vllm": checks.vllm, "ppo": checks.ppo,
 }
 
 

@@ -141,7 +141,8 @@ def actor_config(setup: SmokeSetup, **rollout: Any) -> LabConfig:
     """An actor on the tiny model, with a reference (KL in the loss); rollout settings from ``rollout``."""
     role = RoleConfig(model_path=setup.model_dir, ranks=setup.ranks, optim=OptimConfig(lr=5e-3, grad_clip=10.0),
                       engine=EngineConfig(backend=rollout.pop("backend", "deepspeed"),
-                                          tensor_parallel=rollout.pop("train_tp", 1)))
+                                          tensor_parallel=rollout.pop("train_tp", 1),
+                                          torch_compile=rollout.pop("compiled_layers", False)))
     return LabConfig(backend=setup.backend, device=setup.device, actor=role,
                      algorithm=AlgorithmConfig(kl_loss_coef=0.1),
                      rollout=RolloutConfig(max_prompt_tokens=8, max_new_tokens=6, gpu_memory_utilization=0.3,
@@ -182,10 +183,11 @@ def reshard(setup: SmokeSetup) -> dict[str, Any]:
     return {"ok": ok, **results}
 
 
-def compiled_decode(setup: SmokeSetup) -> dict[str, Any]:
-    """The built-in engine's decoding step compiled for the device (``rollout.torch_compile``): the log-probs it
-    generates with are the training forward's, before and after an update."""
-    config = actor_config(setup, torch_compile=True)
+def compiled(setup: SmokeSetup) -> dict[str, Any]:
+    """The built-in engine's decoding step and the actor's and reference's layers compiled for the device
+    (``rollout.torch_compile``, ``actor.engine.torch_compile``): the log-probs it generates with are the compiled
+    training forward's, before and after an update."""
+    config = actor_config(setup, torch_compile=True, compiled_layers=True)
     with setup.group(Role(SmokeActor, config), meshes=SmokeActor.meshes(config), name="smoke-compiled") as actor:
         found = actor_round(actor)
     on_device = all_on(found["state_devices"], setup.device)
