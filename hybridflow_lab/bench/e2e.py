@@ -48,6 +48,8 @@ import torch
 
 from hybridflow_lab.bench.peer import peer_command, peer_figures, started_peer
 from hybridflow_lab.bench.roofline import matmul_gflops
+from hybridflow_lab.config.schema import EngineConfig
+from hybridflow_lab.config.validate import compiled_layers_refusal
 from hybridflow_lab.models import create_model_dir, describe, load_causal_lm
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
 from hybridflow_lab.trainer.lab import Lab
@@ -164,9 +166,9 @@ def compile_settings(engine: str, no_compiler: str | None) -> tuple[tuple[str, .
     not."""
     if no_compiler:
         return (), {"decode_step": f"eager: {no_compiler}", "layers": f"eager: {no_compiler}"}
-    if engine == "fsdp":
-        return ("rollout.torch_compile=true",), {"decode_step": "compiled",
-                                                  "layers": "eager: actor.engine.torch_compile refuses FSDP"}
+    refusal = compiled_layers_refusal("actor", EngineConfig(backend=engine))
+    if refusal:
+        return ("rollout.torch_compile=true",), {"decode_step": "compiled", "layers": f"eager: {refusal}"}
     return ("rollout.torch_compile=true", "actor.engine.torch_compile=true"), {"decode_step": "compiled",
                                                                                 "layers": "compiled"}
 

@@ -14,7 +14,14 @@ from transformers import PretrainedConfig
 
 from hybridflow_lab.algorithms.rollout_correction import LEVELS as ROLLOUT_CORRECTION_LEVELS
 from hybridflow_lab.config.loading import ConfigError
-from hybridflow_lab.config.schema import RESHARD_STRATEGIES, TRAIN_BACKENDS, LabConfig, RoleConfig, RolloutConfig
+from hybridflow_lab.config.schema import (
+    RESHARD_STRATEGIES,
+    TRAIN_BACKENDS,
+    EngineConfig,
+    LabConfig,
+    RoleConfig,
+    RolloutConfig,
+)
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
 from hybridflow_lab.models.factory import load_config
 from hybridflow_lab.models.heads import has_trained_head, untrained_head_message
@@ -224,16 +231,25 @@ def _check_role(config: LabConfig, name: str, role: RoleConfig) -> None:
     _model(role.model_path or config.actor.model_path, f"{name}.model_path")
 
 
-def _check_compiled_layers(config: LabConfig, name: str, role: RoleConfig) -> None:
-    key, engine = f"{name}.engine.torch_compile", role.engine
+def compiled_layers_refusal(name: str, engine: EngineConfig) -> str | None:
+    """Why ``{name}.engine.torch_compile`` cannot run on ``engine`` (training TP, FSDP, ZeRO-3), or None when it
+    can (a C++ compiler aside)."""
+    key = f"{name}.engine.torch_compile"
     if engine.tensor_parallel > 1:
-        raise ConfigError(key, f"the compiled layers run no collectives; set {name}.engine.tensor_parallel=1 or "
-                          f"{key}=false")
+        return f"the compiled layers run no collectives; set {name}.engine.tensor_parallel=1 or {key}=false"
     sharded = {"fsdp": "FSDP", "deepspeed": "ZeRO-3" if engine.zero_stage == 3 else ""}.get(engine.backend)
     if sharded:
-        raise ConfigError(key, f"{sharded} gathers parameters in hooks on each layer's modules, which the compiled "
-                          f"layers are not built to trace; use {name}.engine.backend=torch, or deepspeed with "
-                          f"{name}.engine.zero_stage=1 or 2, or set {key}=false")
+        return (f"{sharded} gathers parameters in hooks on each layer's modules, which the compiled layers are not "
+                f"built to trace; use {name}.engine.backend=torch, or deepspeed with {name}.engine.zero_stage=1 or "
+                f"2, or set {key}=false")
+    return None
+
+
+def _check_compiled_layers(config: LabConfig, name: str, role: RoleConfig) -> None:
+    key = f"{name}.engine.torch_compile"
+    refusal = compiled_layers_refusal(name, role.engine)
+    if refusal:
+        raise ConfigError(key, refusal)
     _check_cpp_compiler(config, key)
 
 
