@@ -44,6 +44,10 @@ def test_init_model_and_quick_rollout_and_train_benches(tmp_path):
     assert rollout["engines"]["torch"]["tok_s"] > 0 and rollout["engines"]["hf"]["tok_s"] > 0
     assert rollout["engines"]["torch_compiled"]["tok_s"] > 0 and rollout["hf_over_torch_compiled_seconds"] > 0
     assert "skipped" in rollout["engines"]["vllm"]  # vLLM's row is measured in .venv-vllm (tests/test_vllm.py)
+    positions = rollout["prompts"] * rollout["new_tokens"]
+    for name in ("torch", "hf", "torch_compiled"):  # each engine's seconds over its linear layers' alone
+        seconds = positions / rollout["engines"][name]["tok_s"]
+        assert rollout[f"{name}_over_linear_floor"] == pytest.approx(seconds / rollout["linear_floor_s"], rel=0.05)
     train = json.loads(run_cli("bench", "train", "--quick"))
     assert [(r["engine"], r["zero_stage"]) for r in train["results"]] == [("torch", None), ("deepspeed", 3)]
     assert all(r["tokens_per_s"] > 0 for r in train["results"])

@@ -9,7 +9,11 @@ engine's start seconds and ``greedy_match``, the fraction of greedy rows identic
 engine's. ``matmul_bound_s`` is the time the generation's FLOPs (2 per non-embedding parameter per prompt and
 response position) take at this process's float32 GEMM rate; ``torch_over_bound`` and
 ``torch_compiled_over_bound`` how far the built-in engine is from it; ``hf_over_torch_seconds`` and
-``hf_over_torch_compiled_seconds`` HF's time over each of the built-in engine's.
+``hf_over_torch_compiled_seconds`` HF's time over each of the built-in engine's. That rate is a large square
+GEMM's, which the generation's products (one row per prompt at each decoding step) do not reach: ``linear_floor_s``
+is the time the model's linear layers take alone, run back to back at the generation's shapes (timed in turn with
+the engines), and ``<engine>_over_linear_floor`` each engine's time over it: how much the engine adds to its own
+matrix products.
 """
 
 from __future__ import annotations
@@ -24,12 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from transformers import AutoModelForCausalLM
 
-from hybridflow_lab.bench.roofline import matmul_gflops
+from hybridflow_lab.bench.roofline import linear_pass, matmul_gflops
 from hybridflow_lab.engines import SamplingParams
 from hybridflow_lab.engines.torch_rollout import generate
-from hybridflow_lab.models import char_tokenizer, create_model_dir, describe, load_causal_lm
+from hybridflow_lab.models import DecoderLM, char_tokenizer, create_model_dir, describe, load_causal_lm
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
 
 
@@ -85,13 +90,15 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
         no_compiler = missing_cpp_compiler()
         if not no_compiler:
             runs["torch_compiled"] = lambda: ours_run(compiled=True)
-        for fn in runs.values():  # warm-up (and the compiled step's compilation)
+        timed = {**runs, "linear_floor": linear_floor(ours, prompts, prompt_tokens, new_tokens)}
+        for fn in timed.values():  # warm-up (and the compiled step's compilation)
             fn()
-        times: dict[str, list[float]] = {name: [] for name in runs}
+        times: dict[str, list[float]] = {name: [] for name in timed}
         for _ in range(repeats):
-            for name, fn in runs.items():
+            for name, fn in timed.items():
                 times[name].append(seconds(fn))
         medians = {name: statistics.median(t) for name, t in times.items()}
+        floor_s = medians.pop("linear_floor")
         engines: dict[str, Any] = {name: {"tok_s": round(prompts * new_tokens / s, 1)} for name, s in medians.items()}
         if no_compiler:
             engines["torch_compiled"] = {"skipped": no_compiler}
@@ -112,4 +119,23 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
         **{f"hf_over_{name}_seconds": round(medians["hf"] / s, 3) for name, s in built_in.items()},
         "gflop": round(gflop, 2), "matmul_bound_s": round(bound_s, 3),
         **{f"{name}_over_bound": round(s / bound_s, 2) for name, s in built_in.items()},
+        "linear_floor_s": round(floor_s, 4),
+        **{f"{name}_over_linear_floor": round(s / floor_s, 2) for name, s in medians.items()},
     }
+
+
+def linear_floor(model: DecoderLM, prompts: int, prompt_tokens: int, new_tokens: int) -> Callable[[], None]:
+    """The generation's linear layers alone, back to back at its shapes: the prefill's over every prompt position
+    (the head at the last one only), then one row per prompt for each later token."""
+    backbone = [module for module in model.model.modules() if isinstance(module, nn.Linear)]
+    prefill = linear_pass(backbone, prompts * prompt_tokens)
+    head = linear_pass([model.lm_head], prompts)
+    step = linear_pass([*backbone, model.lm_head], prompts)
+
+    def generation() -> None:
+        prefill()
+        head()
+        for _ in range(new_tokens - 1):
+            step()
+
+    return generation
