@@ -124,7 +124,7 @@ def expect(case: Case, build: Callable[[], object]) -> None:
         assert expected in message, f"{expected!r} not in {message!r}"
 
 
-@pytest.mark.parametrize("key", ["rollout.torch_compile", "actor.engine.torch_compile"])
+@pytest.mark.parametrize("key", ["rollout.torch_compile", "rollout.onednn_decode", "actor.engine.torch_compile"])
 def test_compiling_without_a_cpp_compiler_fails_before_start(models, tmp_path, key):
     import torch._inductor.config as inductor
 
@@ -138,6 +138,7 @@ def test_the_inputs_the_tables_break_work(models, tmp_path):
     base = base_overrides(models, tmp_path)
     for extra in ((), PPO, DYNAMIC, (*TORCH_ENGINE, "actor.engine.tensor_parallel=2"), COMPILED_TP,
                   (f"actor.model_path={models['vocab_101']}",), ("rollout.torch_compile=true",),
+                  ("rollout.onednn_decode=true",),
                   ("actor.engine.torch_compile=true", "critic.engine.torch_compile=true", *PPO)):
         assert Lab(None, overrides=(*base, *extra), start=False).groups == {}
     config_file = tmp_path / "run.yaml"
@@ -297,6 +298,14 @@ OVERRIDE_CASES = [
          ("rollout.torch_compile", "rollout.engine is 'vllm'"), "or rollout.torch_compile=false"),
     Case("compiled_decoding_with_generation_tp", [*COMPILED_TP, "rollout.torch_compile=true"], ConfigError,
          ("rollout.torch_compile", "no collectives"), "set rollout.tensor_parallel=1"),
+    Case("onednn_decoding_with_vllm", ["rollout.onednn_decode=true", "rollout.engine=vllm"], ConfigError,
+         ("rollout.onednn_decode", "rollout.engine is 'vllm'"), "or rollout.onednn_decode=false"),
+    Case("onednn_and_compiled_decoding", ["rollout.onednn_decode=true", "rollout.torch_compile=true"], ConfigError,
+         ("rollout.onednn_decode", "rollout.torch_compile"), "set one of them to false"),
+    Case("onednn_decoding_with_generation_tp", [*COMPILED_TP, "rollout.onednn_decode=true"], ConfigError,
+         ("rollout.onednn_decode", "no collectives"), "set rollout.tensor_parallel=1"),
+    Case("onednn_decoding_in_bf16", ["actor.engine.bf16=true", "rollout.onednn_decode=true"], ConfigError,
+         ("rollout.onednn_decode", "float32", "actor.engine.bf16"), "set actor.engine.bf16=false"),
     Case("compiled_layers_with_fsdp", ["actor.engine.backend=fsdp", "actor.engine.torch_compile=true"], ConfigError,
          ("actor.engine.torch_compile", "FSDP gathers parameters in hooks"), "use actor.engine.backend=torch"),
     Case("compiled_layers_with_zero3", ["critic.engine.zero_stage=3", "critic.engine.torch_compile=true", *PPO],

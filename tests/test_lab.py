@@ -11,6 +11,7 @@ from hybridflow_lab.config import ConfigError
 from hybridflow_lab.dataflows import ALGORITHMS, register_algorithm
 from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
+from hybridflow_lab.models.onednn_decode import missing_onednn
 from hybridflow_lab.trainer.lab import Lab
 from hybridflow_lab.ui.figures import recent_steps, timeline
 
@@ -212,13 +213,16 @@ def test_wandb_logs_offline_without_network(model_dir, tmp_path, monkeypatch):
     assert not leaked
 
 
-@pytest.mark.skipif(bool(missing_cpp_compiler()), reason=str(missing_cpp_compiler()))
-def test_the_compiled_decoding_step_generates_past_deepspeeds_timer_start(model_dir, tmp_path):
-    """DeepSpeed's forward hook on the actor's module starts a timer (``time.time``, which dynamo cannot trace) from
-    its third step on; the compiled step leaves that bookkeeping out."""
-    compiled = ("actor.engine.backend=deepspeed", "rollout.torch_compile=true")
-    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", *compiled))
+@pytest.mark.skipif(bool(missing_cpp_compiler() or missing_onednn()), reason=str(missing_cpp_compiler()))
+@pytest.mark.parametrize("decoding", ["rollout.torch_compile", "rollout.onednn_decode"])
+def test_a_fast_decoding_step_generates_with_each_updates_weights_under_deepspeed(model_dir, tmp_path, decoding):
+    """Each generation samples from the weights of the latest update: its log-probs are the trainer's, step after
+    step (the oneDNN step packs the weights anew each time). And DeepSpeed's forward hook on the actor's module,
+    which starts a timer (``time.time``, which dynamo cannot trace) from its third step on, stays out of the step."""
+    changing = ("actor.engine.backend=deepspeed", "algorithm.entropy_coef=0.1")  # weights change even at zero reward
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", *changing, f"{decoding}=true"))
     for _ in range(3):
         metrics = lab.step()
+        assert metrics["actor/rollout_mismatch_max"] < 1e-4
     assert metrics["response_length/mean"] > 0 and torch.isfinite(torch.tensor(metrics["actor/pg_loss"]))
     lab.shutdown()

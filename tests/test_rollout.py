@@ -14,6 +14,7 @@ from hybridflow_lab.engines.forward import response_log_probs, response_logits
 from hybridflow_lab.engines.torch_rollout import TorchRollout, generate
 from hybridflow_lab.models import char_tokenizer, create_model_dir, load_causal_lm
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
+from hybridflow_lab.models.onednn_decode import missing_onednn
 
 TOKENIZER = char_tokenizer()
 PROMPTS = ["1+1=", "23+4=", "100+250=", "7+8="]
@@ -80,12 +81,14 @@ def test_samples_share_their_prompts_prefill_and_keep_honest_log_probs(model):
     assert torch.equal(shared[::2], alone) and torch.equal(shared[1::2], alone)
 
 
-@pytest.mark.skipif(bool(missing_cpp_compiler()), reason=str(missing_cpp_compiler()))
-def test_the_compiled_decoding_step_samples_from_the_models_own_distribution(model):
-    """Compiled, a step attends over every cache slot under a mask; its log-probs are still the teacher-forced
-    forward's, through left padding, a shared prefill and rows leaving the batch (a recompile for the new size)."""
+@pytest.mark.skipif(bool(missing_cpp_compiler() or missing_onednn()), reason=str(missing_cpp_compiler()))
+@pytest.mark.parametrize("decoding", ["compiled", "onednn"])
+def test_a_fast_decoding_step_samples_from_the_models_own_distribution(model, decoding):
+    """Compiled, a step attends over every cache slot under a mask; over oneDNN's packed weights, with its own
+    attention loops over the written slots. Either way its log-probs are the teacher-forced forward's, through left
+    padding, a shared prefill and rows leaving the batch (for the compiled step, a recompile for the new size)."""
     params = SamplingParams(max_new_tokens=10, n=3, seed=5, temperature=0.8)
-    rollout = TorchRollout(model, params, TOKENIZER.eos_token_id, TOKENIZER.pad_token_id, compiled=True)
+    rollout = TorchRollout(model, params, TOKENIZER.eos_token_id, TOKENIZER.pad_token_id, decoding=decoding)
     batch = DataBatch(rollout.generate(*encode()))
     assert not batch["response_mask"].all()  # some rows stopped and left the batch
     with torch.no_grad():

@@ -15,10 +15,11 @@ forward pass gives the old log-probs) and KL 0.04 to the reference:
   ``actor.engine.bf16`` (DeepSpeed's bf16 weights over float32 master weights), TRL's ``bf16=True`` (autocast
   over float32 weights); the matmul rate it is compared with is bfloat16's.
 
-Ours generate with the built-in engine, its decoding step compiled (``rollout.torch_compile``) where a C++
-compiler exists, else eager (``decode_step`` in the report says which, and why). There the training and scoring
-passes run each layer's work outside attention compiled too (``actor.engine.torch_compile``; ``layers``), except
-under FSDP, which that option refuses.
+Ours generate with the built-in engine, where a C++ compiler exists with its decoding step in C++ over
+oneDNN's pre-packed weights (``rollout.onednn_decode``; compiled by ``torch.compile`` instead in bfloat16 or without
+oneDNN, ``rollout.torch_compile``), else eager (``decode_step`` in the report says which, and why). There the
+training and scoring passes run each layer's work outside attention compiled too (``actor.engine.torch_compile``;
+``layers``), except under FSDP, which that option refuses.
 
 Reported beside the tokens/s: each stage's median seconds, each stage's FLOPs over its time and this
 machine's matmul rate (``stage_flop_fraction``), the step's share of that roofline, and with ``peer`` (a
@@ -52,6 +53,7 @@ from hybridflow_lab.config.schema import EngineConfig
 from hybridflow_lab.config.validate import compiled_layers_refusal
 from hybridflow_lab.models import create_model_dir, describe, load_causal_lm
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
+from hybridflow_lab.models.onednn_decode import missing_onednn
 from hybridflow_lab.trainer.lab import Lab
 
 STAGES = ("generate", "reward", "old_log_prob", "ref", "adv", "update_actor")
@@ -92,11 +94,12 @@ class Workload:
     steps: int = 8
     warmup: int = 2
     block: int | None = 2  # measured steps per block when alternating with the peer; None: ours all, then TRL's
+    bf16: bool = False  # each side's bfloat16 mixed precision (ours: actor.engine.bf16)
 
 
 WORKLOADS = {
     "standard": Workload(real_tokens=False),
-    "standard-bf16": Workload(("actor.engine.bf16=true",), real_tokens=False),
+    "standard-bf16": Workload(bf16=True, real_tokens=False),
     "natural": Workload(("rollout.ignore_eos=false", f"rollout.forced_lengths={list(NATURAL_LENGTHS)}",
                          f"rollout.max_new_tokens={max(NATURAL_LENGTHS)}")),
     "smollm2": Workload(("rollout.max_prompt_tokens=48", "rollout.pad_prompts=false", "task.chat_template=true"),
@@ -121,7 +124,7 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
     block = math.gcd(spec.block, steps) if spec.block else steps  # divides `steps`: TRL pauses where ours end
     peer_steps = steps + steps if spec.block else steps  # alternating, then alone
     no_compiler = missing_cpp_compiler()
-    compiled, compiled_report = compile_settings(engine, no_compiler)
+    compiled, compiled_report = compile_settings(engine, no_compiler, spec.bf16)
     # TRL's trainer compiles its model too where ours compile (faster on this CPU: docs/performance.md)
     command = peer_command(peer, workload, peer_steps, warmup, block, lengths, torch_compile=not no_compiler) \
         if peer else None  # fails before any run
@@ -131,7 +134,8 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
         if command:  # set up before our Lab starts, so that neither side's setup overlaps the other's steps
             theirs = stack.enter_context(started_peer([*command, *(["--model", str(model)] if model else [])]))
         lab = standard_lab(tmp, ranks, engine, backend, (*([f"actor.model_path={model}"] if model else []),
-                                                         *spec.overrides, *compiled))
+                                                         *spec.overrides, *(["actor.engine.bf16=true"] if spec.bf16
+                                                                             else []), *compiled))
         stack.callback(lab.shutdown)
         counts = describe(load_causal_lm(lab.config.actor.model_path))
         rows = lab.config.batch.step_sequences
@@ -160,17 +164,19 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
     return report
 
 
-def compile_settings(engine: str, no_compiler: str | None) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The overrides that compile our decoding step and our training layers where they can be (``no_compiler``:
-    why inductor cannot here, if so), and the report's ``decode_step`` and ``layers``: which ran compiled, and why
-    not."""
+def compile_settings(engine: str, no_compiler: str | None, bf16: bool) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The overrides that speed up our decoding step and compile our training layers where they can (``no_compiler``:
+    why inductor cannot here, if so; ``bf16``: the workload trains in bfloat16), and the report's ``decode_step`` and
+    ``layers``: how each ran, and why not faster. Decoding runs the oneDNN step (float32 only), else compiled."""
     if no_compiler:
         return (), {"decode_step": f"eager: {no_compiler}", "layers": f"eager: {no_compiler}"}
+    no_onednn = "the oneDNN step runs float32 only" if bf16 else missing_onednn()
+    decode, decode_report = ((("rollout.torch_compile=true",), f"compiled ({no_onednn})") if no_onednn
+                             else (("rollout.onednn_decode=true",), "onednn"))
     refusal = compiled_layers_refusal("actor", EngineConfig(backend=engine))
     if refusal:
-        return ("rollout.torch_compile=true",), {"decode_step": "compiled", "layers": f"eager: {refusal}"}
-    return ("rollout.torch_compile=true", "actor.engine.torch_compile=true"), {"decode_step": "compiled",
-                                                                                "layers": "compiled"}
+        return decode, {"decode_step": decode_report, "layers": f"eager: {refusal}"}
+    return (*decode, "actor.engine.torch_compile=true"), {"decode_step": decode_report, "layers": "compiled"}
 
 
 def peer_comparison(ours: dict[str, Any], ours_alone: dict[str, Any], peer: dict[str, Any], steps: int,

@@ -1,19 +1,18 @@
 """``hybridflow-lab bench rollout``: the built-in generation engine, ``transformers`` ``generate`` and vLLM.
 
-Same weights, same left-padded prompts, pure sampling (temperature 1, no top-k/top-p), exactly
-``new_tokens`` per prompt (EOS ignored, so every engine does the same work); the built-in engine eager
-(``torch``), with its decoding step compiled (``torch_compiled``, where a C++ compiler exists) and HF
-alternate, and the median of ``repeats`` runs is reported. vLLM runs last, where it is installed (the
-``.venv-vllm`` environment): in-process it pins the process's threads for good. Its row adds the
-engine's start seconds and ``greedy_match``, the fraction of greedy rows identical to the built-in
-engine's. ``matmul_bound_s`` is the time the generation's FLOPs (2 per non-embedding parameter per prompt and
-response position) take at this process's float32 GEMM rate; ``torch_over_bound`` and
-``torch_compiled_over_bound`` how far the built-in engine is from it; ``hf_over_torch_seconds`` and
-``hf_over_torch_compiled_seconds`` HF's time over each of the built-in engine's. That rate is a large square
-GEMM's, which the generation's products (one row per prompt at each decoding step) do not reach: ``linear_floor_s``
-is the time the model's linear layers take alone, run back to back at the generation's shapes (timed in turn with
-the engines), and ``<engine>_over_linear_floor`` each engine's time over it: how much the engine adds to its own
-matrix products.
+Same weights, same left-padded prompts, pure sampling (temperature 1, no top-k/top-p), exactly ``new_tokens`` per
+prompt (EOS ignored, so every engine does the same work). The built-in engine eager (``torch``), with its decoding
+step compiled (``torch_compiled``) and in C++ over oneDNN's pre-packed weights (``torch_onednn``), both where a C++
+compiler exists, and HF alternate, and the median of ``repeats`` runs is reported. vLLM runs last, where it is
+installed (the ``.venv-vllm`` environment): in-process it pins the process's threads for good. Its row adds the
+engine's start seconds and ``greedy_match``, the fraction of greedy rows identical to the built-in engine's.
+
+``matmul_bound_s`` is the time the generation's FLOPs (2 per non-embedding parameter per prompt and response
+position) take at this process's float32 GEMM rate, and ``<engine>_over_bound`` how far each built-in variant is
+from it; ``hf_over_<engine>_seconds`` is HF's time over each one's. That rate is a large square GEMM's, which the
+generation's products (one row per prompt at each decoding step) do not reach: ``linear_floor_s`` is the time the
+model's linear layers take through torch's own GEMMs alone, run back to back at the generation's shapes (timed in
+turn with the engines), and ``<engine>_over_linear_floor`` each engine's time over it.
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from hybridflow_lab.engines import SamplingParams
 from hybridflow_lab.engines.torch_rollout import generate
 from hybridflow_lab.models import DecoderLM, char_tokenizer, create_model_dir, describe, load_causal_lm
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
+from hybridflow_lab.models.onednn_decode import missing_onednn
 
 
 def arithmetic_prompts(count: int, length: int) -> list[str]:
@@ -77,8 +77,8 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
         ids, mask = batch["input_ids"], batch["attention_mask"]
         params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, seed=0)
 
-        def ours_run(sampling: SamplingParams = params, compiled: bool = False) -> dict[str, torch.Tensor]:
-            return generate(ours, ids, mask, sampling, tokenizer.eos_token_id, tokenizer.pad_token_id, compiled)
+        def ours_run(sampling: SamplingParams = params, decoding: str = "eager") -> dict[str, torch.Tensor]:
+            return generate(ours, ids, mask, sampling, tokenizer.eos_token_id, tokenizer.pad_token_id, decoding)
 
         def hf_run() -> None:
             with torch.inference_mode():
@@ -88,8 +88,11 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
 
         runs: dict[str, Callable[[], Any]] = {"torch": ours_run, "hf": hf_run}
         no_compiler = missing_cpp_compiler()
+        no_onednn = no_compiler or missing_onednn()
         if not no_compiler:
-            runs["torch_compiled"] = lambda: ours_run(compiled=True)
+            runs["torch_compiled"] = lambda: ours_run(decoding="compiled")
+        if not no_onednn:
+            runs["torch_onednn"] = lambda: ours_run(decoding="onednn")
         timed = {**runs, "linear_floor": linear_floor(ours, prompts, prompt_tokens, new_tokens)}
         for fn in timed.values():  # warm-up (and the compiled step's compilation)
             fn()
@@ -102,6 +105,8 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
         engines: dict[str, Any] = {name: {"tok_s": round(prompts * new_tokens / s, 1)} for name, s in medians.items()}
         if no_compiler:
             engines["torch_compiled"] = {"skipped": no_compiler}
+        if no_onednn:
+            engines["torch_onednn"] = {"skipped": no_onednn}
         threads = torch.get_num_threads()
         counts = describe(ours)
         gflop = 2 * prompts * (counts["non_embedding_parameters"] * (prompt_tokens + new_tokens)

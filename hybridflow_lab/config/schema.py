@@ -85,6 +85,9 @@ class RolloutConfig:
     #                                       (i mod len)-th of these many tokens (built-in engine; SamplingParams)
     torch_compile: bool = False  # built-in engine: run the decoding step compiled by torch.compile (inductor; on a
     #                              CPU it needs a C++ compiler); compiles on each rank's first generation
+    onednn_decode: bool = False  # built-in engine on the CPU, float32: the decoding step in C++ over weights packed
+    #                              for oneDNN at each generation (a second copy of them while it runs); needs a C++
+    #                              compiler, builds once per machine (docs/performance.md)
     tensor_parallel: int = 1  # generation TP (tg): divides actor.engine.tensor_parallel; vllm: 1 or actor.ranks
     reshard: str = "hybridflow"  # training -> generation transition: hybridflow | hybridflow_v | ds_chat
     gpu_memory_utilization: float = 0.5  # vllm on CUDA: its share of the GPU (weights and KV cache)
@@ -95,6 +98,11 @@ class RolloutConfig:
     ranks: int = 1  # ranks of that group (data parallel, each with the whole policy)
     nodes: int = 1
     max_staleness: int = 0  # policy versions generation may run ahead of training: 0 on-policy, 1 one-step off
+
+    @property
+    def decoding(self) -> str:
+        """How the built-in engine runs its decoding steps (``engines.torch_rollout.decoder``)."""
+        return "onednn" if self.onednn_decode else "compiled" if self.torch_compile else "eager"
 
 
 @dataclass

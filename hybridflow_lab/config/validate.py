@@ -25,6 +25,7 @@ from hybridflow_lab.config.schema import (
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
 from hybridflow_lab.models.factory import load_config
 from hybridflow_lab.models.heads import has_trained_head, untrained_head_message
+from hybridflow_lab.models.onednn_decode import missing_onednn
 from hybridflow_lab.models.tensor_parallel import check_shardable
 from hybridflow_lab.models.tokenizers import load_tokenizer
 
@@ -370,6 +371,8 @@ def _check_rollout(config: LabConfig) -> None:
         _check_forced_lengths(config)
     if rollout.torch_compile:
         _check_torch_compile(config)
+    if rollout.onednn_decode:
+        _check_onednn_decode(config)
     if rollout.engine == "vllm":
         _check_vllm(config, model)
 
@@ -396,6 +399,29 @@ def _check_torch_compile(config: LabConfig) -> None:
         raise ConfigError("rollout.torch_compile", "the compiled decoding step runs no collectives; set "
                           "rollout.tensor_parallel=1 or rollout.torch_compile=false")
     _check_cpp_compiler(config, "rollout.torch_compile")
+
+
+def _check_onednn_decode(config: LabConfig) -> None:
+    rollout, key = config.rollout, "rollout.onednn_decode"
+    if rollout.engine != "torch":
+        raise ConfigError(key, f"is the built-in engine's decoding step, and rollout.engine is {rollout.engine!r}; set "
+                          f"rollout.engine=torch or {key}=false")
+    if rollout.torch_compile:
+        raise ConfigError(key, "and rollout.torch_compile each choose how the decoding step runs; set one of them to "
+                          "false")
+    if rollout.tensor_parallel != 1:
+        raise ConfigError(key, f"the oneDNN decoding step runs no collectives; set rollout.tensor_parallel=1 or "
+                          f"{key}=false")
+    if resolve_device(config) != "cpu":
+        raise ConfigError(key, f"packs the weights for oneDNN's CPU kernels, and the actor runs on "
+                          f"{resolve_device(config)}; set {key}=false (rollout.torch_compile runs on a GPU too)")
+    if config.actor.engine.bf16:
+        raise ConfigError(key, f"the oneDNN decoding step computes in float32, and actor.engine.bf16 generates in "
+                          f"bfloat16; set actor.engine.bf16=false or {key}=false")
+    missing = missing_onednn()
+    if missing:
+        raise ConfigError(key, f"{missing}; set {key}=false")
+    _check_cpp_compiler(config, key)
 
 
 def _check_cpp_compiler(config: LabConfig, key: str) -> None:

@@ -7,6 +7,7 @@ live ones.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -17,6 +18,22 @@ from hybridflow_lab.engines.sampling import SamplingParams, force_lengths, sampl
 from hybridflow_lab.models.decode_step import compiled_decode_step, decode_step
 from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.models.kv_cache import KVCache
+from hybridflow_lab.models.onednn_decode import PackedDecoder
+
+DECODINGS = ("eager", "compiled", "onednn")  # how each decoding step runs: see ``decoder``
+
+
+def decoder(model: DecoderLM, decoding: str, rows: int) -> Callable[[torch.Tensor, KVCache], torch.Tensor]:
+    """The decoding step ``decoding`` names, for ``model`` and batches of about ``rows``: ``eager``
+    (``decode_step``), ``compiled`` (``compiled_decode_step``) or ``onednn`` (C++ over pre-packed weights, on the
+    CPU: ``PackedDecoder``, which packs them now)."""
+    if decoding not in DECODINGS:
+        raise ValueError(f"decoding must be one of {DECODINGS}, got {decoding!r}")
+    if decoding == "onednn":
+        return PackedDecoder(model, rows).step
+    if decoding == "compiled" and model.tp.enabled:
+        raise ValueError("the compiled decoding step runs no collectives; decode a tensor-parallel shard eagerly")
+    return functools.partial(compiled_decode_step if decoding == "compiled" else decode_step, model)
 
 
 @torch.no_grad()  # not inference_mode: callers may train on the outputs
@@ -27,20 +44,19 @@ def generate(
     params: SamplingParams,
     eos_token_id: int | None,
     pad_token_id: int,
-    compiled: bool = False,
+    decoding: str = "eager",
 ) -> dict[str, torch.Tensor]:
     """Sample ``params.n`` responses per left-padded prompt.
 
     Returns ``responses`` and ``response_mask`` (``[batch * n, max_new_tokens]``, 1 up to and
     including the stop token), ``log_probs`` of the sampled tokens under the distribution they
-    were drawn from (``sample_next``), and ``prompt_ids`` / ``prompt_mask`` repeated to match. ``compiled``: decode
-    with ``compiled_decode_step`` (the same logits, in fewer dispatched operations).
+    were drawn from (``sample_next``), and ``prompt_ids`` / ``prompt_mask`` repeated to match. ``decoding``: how
+    each step after the prefill runs (``decoder``; the same logits, in fewer dispatched operations or faster GEMMs).
     """
-    if compiled and model.tp.enabled:
-        raise ValueError("the compiled decoding step runs no collectives; decode a tensor-parallel shard eagerly")
     device = prompt_ids.device
     prompts, prompt_len = prompt_ids.shape
     batch = prompts * params.n
+    step_logits = decoder(model, decoding, batch)
     stops = torch.tensor([*params.stop_token_ids, *([] if params.ignore_eos or eos_token_id is None
                                                      else [eos_token_id])], dtype=torch.long, device=device)
     generator = torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
@@ -78,7 +94,7 @@ def generate(
             live, tokens = live[keep], tokens[keep]
             cache.keep_rows(keep)
         if step + 1 < params.max_new_tokens:
-            logits = (compiled_decode_step if compiled else decode_step)(model, tokens, cache)
+            logits = step_logits(tokens, cache)
 
     steps = torch.arange(params.max_new_tokens, device=device)
     response_mask = (steps[None, :] < lengths[:, None]).long()
@@ -108,13 +124,13 @@ def sequences_batch(out: dict[str, torch.Tensor], pad_token_id: int) -> dict[str
 
 class TorchRollout:
     """Generation with the built-in engine on a model that lives elsewhere (the actor's, shared); ``precision``
-    is the training engine's forward context (its bf16 autocast), so that both compute alike. ``compiled``: the
-    decoding step runs compiled (``rollout.torch_compile``)."""
+    is the training engine's forward context (its bf16 autocast), so that both compute alike. ``decoding``: how the
+    decoding steps run (``decoder``; ``rollout.torch_compile``, ``rollout.onednn_decode``)."""
 
     def __init__(self, model: DecoderLM, params: SamplingParams, eos_token_id: int | None, pad_token_id: int,
-                 precision: Callable[[], AbstractContextManager[Any]] = nullcontext, compiled: bool = False) -> None:
+                 precision: Callable[[], AbstractContextManager[Any]] = nullcontext, decoding: str = "eager") -> None:
         self.model = model
-        self.compiled = compiled
+        self.decoding = decoding
         self.params = params
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
@@ -128,7 +144,7 @@ class TorchRollout:
         try:
             with self.precision():
                 out = generate(self.model, prompt_ids, prompt_mask, params or self.params, self.eos_token_id,
-                               self.pad_token_id, self.compiled)
+                               self.pad_token_id, self.decoding)
         finally:
             self.model.train(was_training)
         return sequences_batch(out, self.pad_token_id)

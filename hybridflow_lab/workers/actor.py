@@ -100,7 +100,7 @@ class ActorWorker(TrainedRole):
             self.hybrid = self._hybrid_engine(None)
             assert self.hybrid.model is not None
             self.rollout = TorchRollout(self.hybrid.model, params, eos, pad, self.engine.precision,
-                                        config.rollout.torch_compile)
+                                        config.rollout.decoding)
         if state is not None:
             self.weights_loaded()  # the rollout engine loaded the model path's weights
 

@@ -50,7 +50,7 @@ class RolloutWorker(Worker):
             self.engine = VllmRollout(path, params, eos, pad, vllm_settings(config, self.rank))
         else:
             self.model = load_causal_lm(path).to(self.device)
-            self.engine = TorchRollout(self.model, params, eos, pad, compiled=config.rollout.torch_compile)
+            self.engine = TorchRollout(self.model, params, eos, pad, decoding=config.rollout.decoding)
         self.version = 0
 
     @register(Dispatch.DP_COMPUTE)
