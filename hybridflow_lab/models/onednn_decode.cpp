@@ -131,9 +131,9 @@ Tensor attend(const Tensor& qkv, int64_t heads, const Tensor& keys, const Tensor
 // gate|up, its bias, down, its bias), then (final norm, head); an empty bias is none.
 Tensor decode_step(const Tensor& tokens, const Tensor& positions, const Tensor& embed, const Tensor& inv_freq,
                    double rope_scaling, const std::vector<Tensor>& weights, const std::vector<Tensor>& keys,
-                   const std::vector<Tensor>& values, int64_t slot, const Tensor& valid, int64_t heads, int64_t kv_heads,
-                   int64_t intermediate, double eps) {
-  const int64_t rows = tokens.size(0), dim = keys[0].size(3);
+                   const std::vector<Tensor>& values, int64_t slot, const Tensor& valid, int64_t heads,
+                   int64_t kv_heads, int64_t intermediate, double eps) {
+  const int64_t rows = tokens.size(0);
   TORCH_CHECK(weights.size() == keys.size() * kPerLayer + 2, "expected ", kPerLayer, " weights per layer and 2 more");
   TORCH_CHECK(valid.is_contiguous() && valid.dim() == 2, "valid must be a contiguous [rows, slots] mask");
   const Tensor angles = positions.to(at::kFloat).view({rows, 1}) * inv_freq;
