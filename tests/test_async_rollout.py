@@ -34,6 +34,7 @@ def spans_named(lab, name):
     return [s for s in lab.telemetry.spans(phase=Phase.STAGE) if s.name == name]
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_an_on_policy_rollout_group_learns_what_the_hybrid_engine_does(ray_cluster, model_dir, tmp_path):
     """Staleness 0 with generation on a pool of its own: the weights reach it after every update (timed, every byte
@@ -58,6 +59,7 @@ def test_an_on_policy_rollout_group_learns_what_the_hybrid_engine_does(ray_clust
     assert histories["rollout"] == histories[""]
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_generation_runs_ahead_by_at_most_max_staleness_and_the_stale_batches_are_weighted(ray_cluster, model_dir,
                                                                                              tmp_path):
@@ -77,9 +79,11 @@ def test_generation_runs_ahead_by_at_most_max_staleness_and_the_stale_batches_ar
         assert stale["actor/rollout_mismatch"] > 100 * max(fresh["actor/rollout_mismatch"], 1e-6)
         assert stale["actor/rollout_is_weight"] != pytest.approx(1, abs=1e-4)
 
-        ahead = [g for g in spans_named(lab, "generate") if g.step == 2]
-        update = next(s for s in spans_named(lab, "update_actor") if s.step == 0)
-        assert any(g.t_start < update.t_end and update.t_start < g.t_end for g in ahead)  # generated while it trained
+        # the rollout group runs its calls in order: step 0's update reached it (the second weight load) only after
+        # step 2's responses were generated; whether they overlapped the update in time is up to the machine's load
+        ahead = next(g for g in spans_named(lab, "generate") if g.step == 2)
+        loads = sorted(spans_named(lab, "sync_weights"), key=lambda span: span.t_start)
+        assert loads[1].t_start >= ahead.t_end
 
         queued = np.unique(resolve(lab._ahead.queue[0][1])["uid"])  # the next step's prompts, generated ahead
         checkpoint = lab.save()

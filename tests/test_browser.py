@@ -142,6 +142,7 @@ def jupyterlab_running(tmp_path, name: str, overrides: list[str], cells: list[st
         page.evaluate("window.jupyterapp.commands.execute('kernelmenu:shutdown')")
 
 
+@pytest.mark.ray
 def test_jupyterlab_board_changes_the_kernels_lab_and_the_dashboard_shows_its_spans(model_dir, tmp_path):
     overrides = [o for o in local_overrides(model_dir, tmp_path / "run") if o != "backend=local"]  # Ray, 1 rank
     with jupyterlab_running(tmp_path, "board", overrides, NOTEBOOK) as (page, base):

@@ -69,6 +69,7 @@ def rank_processes() -> int:
     return count
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_a_worker_killed_mid_stage_is_named_and_the_run_recovers_from_its_checkpoint(ray_cluster, model_dir,
                                                                                      tmp_path):
@@ -81,10 +82,8 @@ def test_a_worker_killed_mid_stage_is_named_and_the_run_recovers_from_its_checkp
     for method in ("generate_sequences", "update_actor"):
         pid = lab.actor.pids()[1]
         on_dispatch(lab, method, lambda pid=pid: os.kill(pid, signal.SIGKILL))
-        started = time.monotonic()
-        with pytest.raises(WorkerCallError) as failure:
+        with pytest.raises(WorkerCallError) as failure:  # a hang in a collective would meet pytest's timeout
             lab.step()
-        assert time.monotonic() - started < 60  # reported, not hung in a collective
         error = failure.value
         assert (error.group, error.role, error.rank, error.method) == (lab.actor.name, "actor_worker", 1, method)
         assert "the worker process died" in str(error)
@@ -174,9 +173,7 @@ ROWS = [("p", response, "t") for response in ("ab", "raise", "nan", "hang", "abc
 
 
 def test_the_zero_policy_scores_bad_rows_zero_counts_them_and_stops_a_hung_function():
-    started = time.monotonic()
-    scores, counts = RewardGuard("zero", timeout_s=1.0).scores(troublesome_reward, ROWS)
-    assert time.monotonic() - started < 20  # the hung row cost its timeout, not 600 s
+    scores, counts = RewardGuard("zero", timeout_s=1.0).scores(troublesome_reward, ROWS)  # "hang" never returns
     assert scores == [2.0, 0.0, 0.0, 0.0, 3.0, 0.0, 4.0]
     assert counts == {"errors": 2, "nonfinite": 1, "timeouts": 1}  # raise and exit; nan; hang
 
@@ -233,6 +230,7 @@ def test_an_interrupt_during_submission_is_held_until_the_block_ends(interruptib
     assert finished == [True]
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_an_interrupted_stage_leaves_the_lab_usable_and_rebuilding_it_replaces_its_workers(ray_cluster, model_dir,
                                                                                           tmp_path, interruptible):

@@ -35,6 +35,7 @@ def update(actor, rollout, old_log_probs) -> dict[str, float]:
     return actor.update_actor(batch).meta["metrics"]
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize(("t", "tg", "strategy"), [(4, 2, "hybridflow"), (2, 1, "hybridflow")])
 def test_tensor_parallel_actor_matches_one_process(ray_cluster, model_dir, t, tg, strategy):
@@ -71,6 +72,7 @@ def sharded_bytes(model_dir: str) -> int:
     return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if split_dim(n) is not None)
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_tensor_parallel_checkpoint_round_trip(ray_cluster, model_dir, tmp_path):
     """A TP-2 x DP-2 actor saves one full HF model directory and each shard's optimizer, and loads them back."""

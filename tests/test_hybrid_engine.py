@@ -57,6 +57,7 @@ def sgd_step(model, input_ids, attention_mask):
             param.grad = None
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize(("t", "tg"), [(4, 2), (2, 1), (4, 4)])
 def test_generation_after_resharding_equals_the_single_process_model(ray_cluster, model_dir, t, tg):

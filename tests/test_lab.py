@@ -155,6 +155,7 @@ def test_algorithm_and_task_settings_fail_before_start(model_dir, tmp_path, extr
     assert info.value.key == key
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_grpo_with_the_hybrid_engine_and_ppo_on_two_ray_ranks(ray_cluster, model_dir, tmp_path):
     """GRPO trains with TP 2 and generates with TP 1 (the resharding shows on the timeline); PPO with ZeRO-2."""

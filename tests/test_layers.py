@@ -20,7 +20,7 @@ LAYERS = (
     ("placement",),  # plans, the auto-mapping search, the simulator
     ("trainer",),  # the Lab
     ("ui",),  # widgets and dashboards over the Lab and telemetry
-    ("bench", "demos", "smoke", "cli", "__init__"),  # applications
+    ("bench", "demos", "smoke", "cli", "lab_server", "__init__"),  # applications
 )
 APPLICATIONS = LAYERS[-1]
 LAYER_OF = {package: level for level, packages in enumerate(LAYERS) for package in packages}

@@ -219,6 +219,7 @@ def test_a_lora_critic_trains_its_adapters_and_value_head_only_and_resumes_from_
         resumed.shutdown()
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize(("backend", "stage"), [("deepspeed", 3), ("fsdp", 0)], ids=["deepspeed3", "fsdp"])
 # the torch engine: the Lab tests above; ZeRO-1/2 save and load through the same DeepSpeed calls as ZeRO-3

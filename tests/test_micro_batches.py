@@ -50,6 +50,7 @@ def model_dir(tmp_path_factory):
     return str(create_model_dir(tmp_path_factory.mktemp("micro") / "tiny", "tiny", "qwen2", seed=3))
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize(("backend", "stage"), [("deepspeed", 2), ("torch", 0)], ids=["deepspeed2", "torch"])
 def test_token_micro_batches_train_as_fixed_ones_when_ranks_need_different_counts(ray_cluster, model_dir, backend,
                                                                                      stage):

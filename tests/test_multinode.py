@@ -23,6 +23,8 @@ from hybridflow_lab.models import create_model_dir
 ROOT = Path(__file__).resolve().parents[1]
 HEAD, WORKER = "127.0.0.2", "127.0.0.3"
 
+pytestmark = pytest.mark.ray
+
 
 @pytest.fixture
 def two_nodes():

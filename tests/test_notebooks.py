@@ -25,6 +25,14 @@ def test_the_tutorials_are_numbered_in_order_and_listed_in_the_learning_path():
         assert title.startswith(f"# {int(path.name[:2])}. "), f"{path.name} starts with {title!r}"
 
 
+def test_the_readmes_notebook_cell_is_tutorial_1s_which_the_tutorial_run_and_the_browser_test_execute():
+    readme = (ROOT / "README.md").read_text()
+    cell = re.search(r"```python\n(.*?)\n```", readme, re.DOTALL).group(1)
+    assert len(cell.splitlines()) <= 12
+    tutorial = nbformat.read(TUTORIALS[0], as_version=4)
+    assert cell in [c.source for c in tutorial.cells if c.cell_type == "code"]
+
+
 @pytest.mark.parametrize("path", TUTORIALS, ids=lambda p: p.name)
 def test_figures_shown_as_images_exist_and_come_from_a_tagged_cell(path):
     notebook = nbformat.read(path, as_version=4)

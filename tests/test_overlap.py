@@ -44,6 +44,7 @@ def learned(metrics):
     return {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/"))}
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_an_overlapped_ppo_step_gives_the_metrics_of_the_sequential_one(ray_cluster, model_dir, tmp_path):
     """Actor and critic on pools of their own: the critic's values run beside the reference pass and its update
@@ -58,10 +59,7 @@ def test_an_overlapped_ppo_step_gives_the_metrics_of_the_sequential_one(ray_clus
             summaries = {s.stage: s for s in lab.stage_summaries}
             steps = [stage_spans(lab, step) for step in (0, 1)]
             together = [overlapping(spans["values"], spans["ref"]) for spans in steps]
-            if overlap:
-                assert summaries["update_actor"].concurrent == ["update_critic"]
-                assert "alongside update_critic" in summaries["update_actor"].headline()
-                assert any(together)  # the critic's values beside the reference pass (short: in one step at least)
+            if overlap:  # on lanes of their own; whether they overlapped in time is up to the machine's load
                 spans = steps[1]
                 assert (spans["values"].attrs["lane"], spans["ref"].attrs["lane"]) == ("pool critic", "pool main")
                 rows = {row for bar in timeline(list(spans.values())).data for row in bar.y}
@@ -75,6 +73,7 @@ def test_an_overlapped_ppo_step_gives_the_metrics_of_the_sequential_one(ray_clus
     assert "critic/vf_loss" in last and last["actor/grad_norm"] > 0 and last["actor/kl"] != 0  # it learned
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_colocated_roles_take_turns_and_failures_name_their_stage(ray_cluster, model_dir, tmp_path):
     """The critic on the actor's pool: no two of their stages overlap. A stage that fails stops the stages that
@@ -100,6 +99,29 @@ def test_colocated_roles_take_turns_and_failures_name_their_stage(ray_cluster, m
             lab.update_critic(batch)
     finally:
         lab.shutdown()
+
+
+def test_stages_on_other_lanes_run_side_by_side_and_a_lane_runs_its_stages_in_call_order():
+    """Deterministic, whatever the load: the critic lane's stage can only finish once the main lane's has started,
+    which it could not if the lanes took turns; what overlapped is what ``StageSummary.concurrent`` reports."""
+    from hybridflow_lab.telemetry.stage_summary import StageSummary
+    from hybridflow_lab.trainer.scheduler import StageRun, StageScheduler, concurrent_stages
+
+    scheduler, started, order = StageScheduler("t"), threading.Event(), []
+    try:
+        values = scheduler.submit("pool critic", "values", lambda: started.wait(30))
+        scheduler.submit("pool main", "ref", lambda: (started.set(), order.append("ref")))
+        scheduler.submit("pool main", "update_actor", lambda: order.append("update_actor"))
+        scheduler.drain()
+        assert values.result() is True and order == ["ref", "update_actor"]
+    finally:
+        scheduler.close()
+    runs = [StageRun("values", 0, "pool critic", 1.0, 3.0), StageRun("ref", 0, "pool main", 2.0, 2.5),
+            StageRun("update_actor", 0, "pool main", 2.5, 4.0), StageRun("adv", 0, "controller", 4.0, 4.1)]
+    assert concurrent_stages(runs) == {"values": ["ref", "update_actor"], "ref": ["values"],
+                                       "update_actor": ["values"], "adv": []}
+    summary = StageSummary("update_actor", 0, 1.5, concurrent=["values"])
+    assert summary.headline().endswith("alongside values")
 
 
 def test_a_pending_batch_waits_only_for_the_stage_that_writes_a_column():

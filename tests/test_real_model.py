@@ -14,7 +14,7 @@ from hybridflow_lab.models import load_causal_lm, load_config
 from hybridflow_lab.models.gguf_import import ImportReport, import_gguf, packaged_model_file
 from hybridflow_lab.models.tokenizers import load_tokenizer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("real_model")]  # one import of the model for the module
 
 
 @pytest.fixture(scope="module")

@@ -74,6 +74,7 @@ def test_a_role_that_cannot_carry_its_state_says_so_and_keeps_it_in_the_checkpoi
         lab.shutdown()
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize(("layout", "new_layout"), [
     (("actor.ranks=2", "actor.engine.backend=deepspeed", "actor.engine.zero_stage=2"),

@@ -84,6 +84,7 @@ def test_other_addresses_need_the_opt_in_and_are_logged(address, caplog):
         f"a server listens on {address}: anyone who can reach this address can use it, without a login"]
 
 
+@pytest.mark.ray
 def test_a_local_ray_keeps_token_authentication_on(ray_cluster):
     from ray._raylet import AuthenticationMode, get_authentication_mode
 

@@ -11,6 +11,7 @@ from hybridflow_lab.smoke.__main__ import run
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.ray
 def test_the_smoke_checks_pass_on_the_cpu(ray_cluster):
     summary = run("cpu", ["placement", "engines", "compiled"], engines=(("torch", 0),))
     json.dumps(summary)  # one JSON summary

@@ -36,6 +36,7 @@ def test_a_size_that_does_not_split_the_model_names_the_dimension(model_dir):
         check_shardable(config, 3)
 
 
+@pytest.mark.ray
 def test_sharded_forward_and_backward_equal_the_full_model(ray_cluster, model_dir):
     full = load_causal_lm(model_dir)
     ids = torch.randint(3, 100, (3, 9), generator=torch.Generator().manual_seed(0))

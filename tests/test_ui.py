@@ -244,6 +244,7 @@ def test_run_files_and_the_served_app_read_what_a_lab_writes(model_dir, tmp_path
     assert "HTML" in panes and fresh.samples[0]["prompt"] in panes["HTML"].object
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_placement_applied_after_start_restarts_the_worker_groups(ray_cluster, model_dir, tmp_path):
     lab = Lab(ppo_config(model_dir, f"trainer.run_dir={tmp_path}", "actor.ranks=1", "critic.ranks=1",

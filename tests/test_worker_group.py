@@ -24,7 +24,7 @@ def rows(n: int) -> DataBatch:
     return DataBatch({"x": torch.arange(n, dtype=torch.float32)}, {"text": [f"row{i}" for i in range(n)]})
 
 
-@pytest.fixture(scope="module", params=["local", "ray"])
+@pytest.fixture(scope="module", params=["local", pytest.param("ray", marks=pytest.mark.ray)])
 def echo(request):
     """A 4-rank Echo group with its own telemetry store, on each backend."""
     if request.param == "ray":

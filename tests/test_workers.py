@@ -73,6 +73,7 @@ def check_actor_round(actor: WorkerGroup) -> None:
                                regenerated["rollout_log_probs"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize(("engine", "stage"), [("deepspeed", 2), ("deepspeed", 3), ("fsdp", 0)])
 def test_actor_on_two_ranks(ray_cluster, model_dir, engine, stage):
     config = lab_config(model_dir, engine=engine, stage=stage)

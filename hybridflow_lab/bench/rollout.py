@@ -4,7 +4,7 @@ Same weights, same left-padded prompts, pure sampling (temperature 1, no top-k/t
 prompt (EOS ignored, so every engine does the same work). The built-in engine eager (``torch``), with its decoding
 step compiled (``torch_compiled``) and in C++ over oneDNN's pre-packed weights (``torch_onednn``), both where a C++
 compiler exists, and HF alternate, and the median of ``repeats`` runs is reported. vLLM runs last, where it is
-installed (the ``.venv-vllm`` environment): in-process it pins the process's threads for good. Its row adds the
+installed (``make lab`` installs its CPU build): in-process it pins the process's threads for good. Its row adds the
 engine's start seconds and ``greedy_match``, the fraction of greedy rows identical to the built-in engine's.
 
 ``matmul_bound_s`` is the time the generation's FLOPs (2 per non-embedding parameter per prompt and response
@@ -66,7 +66,7 @@ def vllm_row(path: Path, ids: torch.Tensor, mask: torch.Tensor, params: Sampling
 
 
 def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tokens: int = 16,
-        repeats: int = 3) -> dict[str, Any]:
+        repeats: int = 3, vllm: bool = True) -> dict[str, Any]:
     tokenizer = char_tokenizer()
     with tempfile.TemporaryDirectory() as tmp:
         path = create_model_dir(f"{tmp}/model", size, "qwen2", seed=0, tokenizer=tokenizer)
@@ -112,8 +112,10 @@ def run(size: str = "small", prompts: int = 64, new_tokens: int = 64, prompt_tok
         gflop = 2 * prompts * (counts["non_embedding_parameters"] * (prompt_tokens + new_tokens)
                                + counts["head_parameters"] * new_tokens) / 1e9
         bound_s = gflop / matmul_gflops()
-        if importlib.util.find_spec("vllm") is None:
-            engines["vllm"] = {"skipped": "vllm is not installed here; run from .venv-vllm (make vllm-env)"}
+        if not vllm:
+            engines["vllm"] = {"skipped": "left out (--quick: vLLM's start alone takes longer than the rest)"}
+        elif importlib.util.find_spec("vllm") is None:
+            engines["vllm"] = {"skipped": "vllm is not installed here; `make lab` installs its CPU build into .venv"}
         else:
             greedy = ours_run(replace(params, greedy=True))["responses"]
             engines["vllm"] = vllm_row(path, ids, mask, params, greedy, tokenizer.pad_token_id, repeats)

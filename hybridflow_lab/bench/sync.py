@@ -1,4 +1,4 @@
-"""``hybridflow-lab bench sync``: the actor's weight sync into vLLM after each update (run from ``.venv-vllm``).
+"""``hybridflow-lab bench sync``: the actor's weight sync into vLLM after each update (needs vLLM: ``make lab``).
 
 An actor on 2 Ray ranks trains with DeepSpeed ZeRO-2 or ZeRO-3 and generates with vLLM (one replica
 per rank). Each round updates the actor and generates, which syncs the new weights into vLLM and
@@ -81,7 +81,7 @@ def row(size: str, zero_stage: int, per_round: list[list[dict[str, Any]]]) -> di
 
 def run(rounds: int = 3, settings: tuple[tuple[str, int], ...] = SETTINGS) -> dict[str, Any]:
     if importlib.util.find_spec("vllm") is None:
-        raise SystemExit("hybridflow-lab bench sync needs vLLM: run it from .venv-vllm (make vllm-env)")
+        raise SystemExit("hybridflow-lab bench sync needs vLLM: `make lab` installs its CPU build into .venv")
     init_cluster()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

