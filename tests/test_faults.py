@@ -60,13 +60,15 @@ def interruptible():
     signal.signal(signal.SIGINT, previous)
 
 
-def rank_processes() -> int:
-    """Live processes hosting a worker rank (Ray names them after the actor class)."""
-    count = 0
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        with contextlib.suppress(OSError):  # the process ended meanwhile
-            count += cmdline.read_bytes().startswith(b"ray::RankHost")
-    return count
+def still_hosting_a_rank(pids: set[int]) -> set[int]:
+    """Those of ``pids`` that are live processes hosting a worker rank (Ray names them after the actor class; a
+    zombie's command line is empty)."""
+    alive = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):  # the process has ended
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::RankHost"):
+                alive.add(pid)
+    return alive
 
 
 @pytest.mark.ray
@@ -234,7 +236,6 @@ def test_an_interrupt_during_submission_is_held_until_the_block_ends(interruptib
 @pytest.mark.slow
 def test_an_interrupted_stage_leaves_the_lab_usable_and_rebuilding_it_replaces_its_workers(ray_cluster, model_dir,
                                                                                           tmp_path, interruptible):
-    before = rank_processes()
     overrides = run_overrides(model_dir, tmp_path / "run", "ray", "trainer.save_every=0")
     lab = Lab("arithmetic_grpo", overrides=overrides)
     lab.step()
@@ -244,11 +245,13 @@ def test_an_interrupted_stage_leaves_the_lab_usable_and_rebuilding_it_replaces_i
     assert lab.step_index == 1
     assert math.isfinite(lab.step()["actor/pg_loss"]) and lab.step_index == 2  # the step restarts and completes
     old_groups = list(lab.groups.values())
+    pids = {pid for group in old_groups for pid in group.pids()}
     rebuilt = Lab("arithmetic_grpo", overrides=overrides)  # re-running the notebook cell that built it
     assert all(group.closed for group in old_groups)
+    pids |= {pid for group in rebuilt.groups.values() for pid in group.pids()}
     rebuilt.step()
     rebuilt.shutdown()
     deadline = time.monotonic() + 30
-    while rank_processes() > before and time.monotonic() < deadline:  # killed actors exit asynchronously
+    while still_hosting_a_rank(pids) and time.monotonic() < deadline:  # killed actors exit asynchronously
         time.sleep(0.5)
-    assert rank_processes() == before
+    assert still_hosting_a_rank(pids) == set()  # the first Lab's ranks went with its rebuild, the second's with it

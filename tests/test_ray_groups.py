@@ -104,6 +104,19 @@ def test_rebuilding_a_named_group_replaces_the_old_one(no_leaks):
     second.shutdown()
 
 
+def test_a_rank_whose_process_died_is_named_before_the_ranks_that_failed_with_it(no_leaks):
+    """Rank 0 fails as soon as rank 1's process is gone, before Ray reports the death: the error names rank 1, the
+    likely cause, and lists rank 0 among the ranks that failed too."""
+    group = WorkerGroup(MeshWorker, ResourcePool(2), meshes={"train": Mesh.of(dp=2)})
+    try:
+        with pytest.raises(WorkerCallError) as info:
+            group.die_while_peers_raise(1)
+        assert info.value.rank == 1 and info.value.error.startswith("the worker process died")
+        assert info.value.others == (0,) and info.value.still_running == ()
+    finally:
+        group.shutdown()
+
+
 def test_dropping_the_last_reference_stops_the_ranks(no_leaks):
     group = WorkerGroup(Echo, ResourcePool(2))
     assert len(alive_actors()) >= 2

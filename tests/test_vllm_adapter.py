@@ -39,9 +39,9 @@ def test_completions_become_the_training_layout():
 
 
 def test_vllm_is_refused_before_start_in_a_kernel_without_it(tmp_path, monkeypatch):
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "vllm" else find_spec(name,
-                                                                                                            *args))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "vllm" else real_find_spec(name, *args))
     model = create_model_dir(tmp_path / "m", "tiny", "qwen2")
     config = load_config(LabConfig, overrides=[f"actor.model_path={model}", "rollout.engine=vllm"])
     with pytest.raises(ConfigError, match=r"vllm is not installed in this environment; on the CPU `make lab`") as info:

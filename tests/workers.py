@@ -126,6 +126,14 @@ class MeshWorker(Worker):
         dist.all_reduce(value)  # never completes: the failed rank does not join
         return value.item()
 
+    @register(Dispatch.ONE_TO_ALL)
+    def die_while_peers_raise(self, rank: int) -> None:
+        """``rank``'s process ends; the others fail at once, as a collective does when a peer's connection closes
+        (gloo notices sooner than Ray reports the death)."""
+        if self.rank == rank:
+            os._exit(1)
+        raise ConnectionError("connection closed by peer")
+
 
 class Actor(Worker):
     """One of two colocated roles; both report their process id."""

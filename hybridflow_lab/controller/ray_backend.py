@@ -38,9 +38,10 @@ class RayRanks:
 
     kind = "ray"
 
-    def __init__(self, pool: ResourcePool, infos: Sequence[RankInfo], poll_s: float = 0.5) -> None:
+    def __init__(self, pool: ResourcePool, infos: Sequence[RankInfo], poll_s: float = 0.5,
+                 settle_s: float = 5.0) -> None:
         self.infos = list(infos)
-        self.poll_s = poll_s
+        self.poll_s, self.settle_s = poll_s, settle_s
         self.actors = [_RemoteHost.options(**pool.actor_options(i.rank)).remote(i) for i in self.infos]
         self.offsets = [0.0] * len(self.actors)
 
@@ -88,11 +89,12 @@ class RayRanks:
         return len(ready) == len(refs)
 
     def results(self, handles: Sequence[RankHandle], role: str, method: str) -> tuple[list[Any], list[Span]]:
-        """Every rank's result and spans; raises one ``WorkerCallError`` as soon as any rank has failed.
+        """Every rank's result and spans; raises one ``WorkerCallError`` soon after any rank has failed.
 
         The fast path is a single ``ray.get`` of all results and spans; while some ranks are still
         running, the ranks that finished are checked for errors every ``poll_s`` seconds, so a
-        failed rank is reported even when its peers hang in a collective waiting for it.
+        failed rank is reported even when its peers hang in a collective waiting for it (after
+        ``settle_s`` more). A rank whose process died is named first: the others' errors usually follow from it.
         """
         results = [h.result for h in handles]
         while True:
@@ -104,6 +106,10 @@ class RayRanks:
                 return values[: len(handles)], self._aligned(handles, values[len(handles) :])
             failures = self._failures(handles, ready, role, method)
             if failures:
+                # a rank that fails because a peer's process died (its collective's connection closed) reports
+                # before Ray has noticed the death: give the others a moment, so the dead process is named
+                ready, _ = ray.wait(results, num_returns=len(results), timeout=self.settle_s)
+                failures = self._failures(handles, ready, role, method)
                 self.spans(handles, block=False)  # fetch what arrived so Ray does not report it unhandled
                 done = {ref.hex() for ref in ready}
                 running = [h.rank for h in handles if h.result.hex() not in done]
@@ -112,6 +118,7 @@ class RayRanks:
     def _failures(
         self, handles: Sequence[RankHandle], ready: list[Any], role: str, method: str
     ) -> list[WorkerCallError]:
+        """The finished ranks' errors, the ranks whose process died first, each in rank order."""
         done = {ref.hex() for ref in ready}
         failures = []
         for handle in handles:
@@ -122,8 +129,9 @@ class RayRanks:
             except GetTimeoutError:
                 continue
             except RayError as exc:
-                failures.append(self._as_worker_error(exc, handle.rank, role, method))
-        return failures
+                died = isinstance(exc, RayActorError)
+                failures.append((not died, self._as_worker_error(exc, handle.rank, role, method)))
+        return [failure for _, failure in sorted(failures, key=lambda pair: pair[0])]
 
     def _as_worker_error(self, exc: Exception, rank: int, role: str, method: str) -> WorkerCallError:
         group = self.infos[rank].group
