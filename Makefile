@@ -57,16 +57,14 @@ demo-vllm: $(VENV)/.lab
 lab: $(VENV)/.lab $(VENV)/.models
 	$(BIN)/hybridflow-lab jupyter --port $(LAB_PORT)
 
-# The suite in two passes over TEST_WORKERS pytest-xdist workers (a notebook's cells stay on one worker, in order):
-# the tests and the notebooks, then the tests that run vLLM (in-process vLLM pins its process's threads). Each pass
-# prints its 20 slowest tests.
+# The tests and the notebooks on TEST_WORKERS pytest-xdist workers (a notebook's cells stay on one worker, in order;
+# tests/conftest.py schedules the module that runs vLLM in the worker's own process last); prints the 20 slowest.
 TEST_WORKERS ?= 2
 test: $(VENV)/.browser $(VENV)/.models
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not vllm" --nbval-lax tests notebooks tutorials
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m vllm tests
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --nbval-lax tests notebooks tutorials
 
-# The tests that run vLLM's CPU build; `make test` ends with them.
+# The tests that run vLLM's CPU build.
 test-vllm: $(VENV)/.test
 	$(BIN)/pytest -q -m vllm
 
