@@ -57,14 +57,17 @@ demo-vllm: $(VENV)/.lab
 lab: $(VENV)/.lab $(VENV)/.models
 	$(BIN)/hybridflow-lab jupyter --port $(LAB_PORT)
 
-# The tests and the notebooks on TEST_WORKERS pytest-xdist workers (a notebook's cells stay on one worker, in order;
-# tests/conftest.py schedules the module that runs vLLM in the worker's own process last); prints the 20 slowest.
+# The suite in two passes over TEST_WORKERS pytest-xdist workers (a notebook's cells stay on one worker, in order):
+# the tests and the notebooks, then the tests that run vLLM. vLLM's CPU worker disables torch.set_num_threads in
+# the process that runs it, for the rest of that process, and pytest-xdist cannot promise to run a module last on
+# its worker. Each pass prints its 20 slowest tests.
 TEST_WORKERS ?= 2
 test: $(VENV)/.browser $(VENV)/.models
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --nbval-lax tests notebooks tutorials
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not vllm" --nbval-lax tests notebooks tutorials
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m vllm tests
 
-# The tests that run vLLM's CPU build.
+# The tests that run vLLM's CPU build; `make test` ends with them.
 test-vllm: $(VENV)/.test
 	$(BIN)/pytest -q -m vllm
 

@@ -22,16 +22,14 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Refuse a test that asks for the session's Ray without the ``ray`` mark; run the notebooks first (long units
     of work for pytest-xdist to start early), then the tests without Ray, then the modules that start Ray, so that
-    in one process a test without the mark finds no Ray running to lean on; last, the modules that run vLLM in the
-    test process, which keeps the process's threads bound to its cores and ``torch.set_num_threads`` disabled."""
+    in one process a test without the mark finds no Ray running to lean on."""
     unmarked = [item.nodeid for item in items
                 if "ray_cluster" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("ray")]
     if unmarked:
         raise pytest.UsageError("these tests use the ray_cluster fixture without @pytest.mark.ray:\n  "
                                 + "\n  ".join(unmarked))
     with_ray = {item.path for item in items if item.get_closest_marker("ray")}
-    vllm_here = {item.path for item in items if item.get_closest_marker("vllm") and item.path not in with_ray}
-    items.sort(key=lambda item: (item.path in vllm_here, item.path.suffix != ".ipynb", item.path in with_ray))
+    items.sort(key=lambda item: (item.path.suffix != ".ipynb", item.path in with_ray))  # stable: in order within
 
 
 @pytest.fixture(autouse=True)

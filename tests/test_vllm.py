@@ -1,6 +1,6 @@
-"""vLLM for real, one engine in this process (its CPU build, which ``make lab`` and ``make test`` install; under
-pytest-xdist this module runs last on its worker, tests/conftest.py; tests/test_vllm_lab.py feeds vLLM from the
-actor's Ray ranks).
+"""vLLM for real, one engine in this process (its CPU build, which ``make lab`` and ``make test`` install; ``make
+test`` runs the ``vllm`` tests in a pass of their own, ``make test-vllm`` alone; tests/test_vllm_lab.py feeds it
+from the actor's Ray ranks).
 
 Same weights, same prompts: vLLM's greedy tokens are the built-in engine's, its log-probs the trainer's; a synced
 engine generates with the trainer's weights, and a sync that misses or changes a tensor names it.
