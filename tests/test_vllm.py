@@ -176,7 +176,7 @@ def test_a_bf16_engine_generates_like_the_built_in_one_and_its_syncs_are_checked
 
 
 def test_bench_rollouts_vllm_row_times_the_same_work_and_agrees_with_the_built_in_greedy_tokens(model_dir, model):
-    """``bench rollout``'s vLLM row (``--quick`` leaves it out; tests/test_cli.py runs the rest of that bench)."""
+    """``bench rollout``'s vLLM row (``--quick`` leaves it out; tests/test_bench_cli.py runs the rest of that bench)."""
     from hybridflow_lab.bench.rollout import vllm_row
 
     batch, params = prompts(), SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True, seed=0)
