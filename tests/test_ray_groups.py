@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import os
+import socket
 import time
 
 import pytest
@@ -12,6 +14,7 @@ import torch
 from hybridflow_lab import DataBatch
 from hybridflow_lab.controller import Mesh, ResourcePool, WorkerCallError, WorkerGroup, WorkerGroupClosed
 from hybridflow_lab.controller.cluster import alive_actors
+from hybridflow_lab.controller.host import RankHost, RankInfo
 from tests.workers import BrokenInit, Echo, MeshWorker
 
 pytestmark = pytest.mark.ray
@@ -33,6 +36,16 @@ def test_gloo_all_reduce_over_four_ranks_and_tp_subgroups(no_leaks):
         assert group.all_reduce(1.0) == [10.0] * 4  # 1 + 2 + 3 + 4
         out = group.tp_sum(DataBatch({"x": torch.ones(4)}))
         assert out["x"].tolist() == [3.0] * 4  # tp coordinates 0 and 1, plus one each
+
+
+def test_the_rendezvous_port_rank_0_names_is_already_bound_so_no_other_process_can_take_it():
+    """The ranks dial the port after rank 0 names it; a port merely found free then could be taken (EADDRINUSE)."""
+    info = RankInfo(group="g", rank=0, world_size=2, local_rank=0, local_world_size=2, backend="ray", meshes={})
+    rank_0 = RankHost(info)
+    addr, port = rank_0.endpoint()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other, pytest.raises(OSError) as taken:
+        other.bind((addr, port))
+    assert taken.value.errno == errno.EADDRINUSE
 
 
 def test_failure_while_peers_wait_in_a_collective_is_reported_promptly(no_leaks):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -73,13 +72,17 @@ class RankHost:
         self.contexts: dict[str, WorkerContext] = {}
         # local parts are the producer's own objects: copy them as a process boundary would
         self._fetch: Callable[[list[Any]], list[Any]] = ray.get if info.backend == "ray" else copy.deepcopy
+        self._store: dist.TCPStore | None = None  # the group's rendezvous: opened by rank 0's endpoint()
 
     def endpoint(self) -> tuple[str, int]:
-        """This node's address and a free port: the rendezvous point when this is rank 0."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address() if self.info.backend == "ray" else "127.0.0.1", port
+        """Open the group's rendezvous store on this rank (rank 0) and return its address and port.
+
+        The store listens from here on, on a port the OS picks: a port found free and bound later
+        could be taken meanwhile by any process on the node (EADDRINUSE when the group starts).
+        """
+        self._store = dist.TCPStore("0.0.0.0", 0, self.info.world_size, is_master=True, wait_for_workers=False,
+                                    timeout=timedelta(seconds=self.info.collective_timeout_s))
+        return self.node_address(), self._store.port
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id() if self.info.backend == "ray" else "local"
@@ -132,8 +135,11 @@ class RankHost:
                           WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(local_rank),
                           LOCAL_WORLD_SIZE=str(info.local_world_size))
         backend = "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=info.rank,
-                                world_size=info.world_size, timeout=timedelta(seconds=info.collective_timeout_s))
+        timeout = timedelta(seconds=info.collective_timeout_s)
+        if self._store is None:
+            self._store = dist.TCPStore(addr, port, info.world_size, is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=self._store, rank=info.rank, world_size=info.world_size,
+                                timeout=timeout)
         return True
 
     def _build_device_meshes(self, device: str) -> dict[str, Any]:
