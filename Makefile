@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 export RAY_DEDUP_LOGS := 0
 
 .PHONY: demo demo-vllm lab models test test-fast test-vllm lint browser dashboard bench-dispatch bench-e2e trl-env \
-	bench-trl clean lock tutorials-html
+	bench-trl clean lock lock-gpu tutorials-html
 
 $(VENV)/.runtime: requirements/runtime.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -105,6 +105,9 @@ bench-trl: trl-env
 # Re-resolve the one environment into requirements/{runtime,lab,test}.txt (needs the package registries).
 lock:
 	$(PYTHON) scripts/lock.py
+
+lock-gpu:  # requirements/gpu.txt, the CUDA environment scripts/gpu_smoke.sh installs
+	$(PYTHON) scripts/lock.py --gpu
 
 clean:
 	rm -rf $(VENV) .venv-trl .pytest_cache .ruff_cache

@@ -34,9 +34,14 @@ class EngineProbe(TrainedRole):
         self.micro_batches = micro_batches
 
     @register(Dispatch.DP_COMPUTE)
-    def train(self, batch: DataBatch, steps: int) -> DataBatch:
+    def train(self, batch: DataBatch, steps: int, offload_between: bool = False) -> DataBatch:
+        """``steps`` steps; with ``offload_between``, the training state goes to host memory and back before each
+        but the first (as around every generation of a rollout engine that holds its own weights)."""
         losses, norms = [], []
-        for _ in range(steps):
+        for step in range(steps):
+            if offload_between and step:
+                self.engine.offload()
+                self.engine.reload()
             result = self.engine.train_step(batch.chunk(self.micro_batches), response_nll,
                                             count_response_tokens)
             losses.append(result["loss"])

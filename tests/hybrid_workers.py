@@ -36,9 +36,12 @@ class HybridEngineProbe(Worker):
     """A TP-``t`` training model that reshards to TP ``tg`` (with any strategy) for greedy generation and
     log-probs, then trains."""
 
-    def __init__(self, model_dir: str, t: int, tg: int) -> None:
+    def __init__(self, model_dir: str, t: int, tg: int, torch_2_11: bool = False) -> None:
         from hybridflow_lab.hybrid import STRATEGIES, HybridLayout
         from hybridflow_lab.hybrid.reshard import Resharder, process_groups
+
+        if torch_2_11:  # the collective's name the lent GPU machines' torch lacks (this rank's process only)
+            del torch.distributed.all_gather_single
 
         full = load_causal_lm(model_dir)
         layout = HybridLayout(t=t, tg=tg, d=self.world_size // t)

@@ -7,6 +7,7 @@ import torch
 
 from hybridflow_lab.config import OptimConfig
 from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup
+from hybridflow_lab.engines.host_offload import HostCopies, offload_optimizer_state, reload_optimizer_state
 from hybridflow_lab.engines.train_base import build_optimizer, build_scheduler
 from hybridflow_lab.models import create_model_dir, load_causal_lm
 from hybridflow_lab.smoke.checks import sequences
@@ -14,6 +15,25 @@ from tests.engine_workers import EngineProbe
 
 ENGINES = [("torch", 0), ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3), ("fsdp", 0)]
 WITH_OFFLOAD = [(*engine, False) for engine in ENGINES] + [("deepspeed", 2, True), ("deepspeed", 3, True)]
+
+
+def test_each_offload_copies_the_optimizer_state_into_the_host_buffers_of_the_first():
+    weight = torch.nn.Parameter(torch.ones(3, 2))
+    optimizer = torch.optim.AdamW([weight], lr=0.1)
+    host = HostCopies()
+    buffers = []
+    for step in range(2):
+        weight.grad = torch.full((3, 2), float(step + 1))
+        optimizer.step()
+        state = optimizer.state[weight]
+        state.update({key: state[key].clone() for key in ("exp_avg", "exp_avg_sq")})  # as a reload to a GPU makes
+        values = {key: state[key].clone() for key in ("exp_avg", "exp_avg_sq")}
+        moved = offload_optimizer_state(optimizer, "cpu", host)
+        buffers.append({key: state[key] for key in values})
+        assert all(torch.equal(state[key], value) for key, value in values.items())
+        reload_optimizer_state(moved, "cpu")
+    assert all(buffers[0][key] is buffers[1][key] for key in buffers[0])
+    assert len(host.buffers) == 3  # exp_avg, exp_avg_sq and the step count (on the CPU here)
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +58,14 @@ def reference(model_dir):
                          ids=[f"{b}{s or ''}{'-offload' if o else ''}" for b, s, o in WITH_OFFLOAD])
 def test_two_ranks_match_the_single_process_reference_across_a_checkpoint(ray_cluster, model_dir, reference, tmp_path,
                                                                           backend, stage, offload):
-    """Three steps on 2 ranks are the single process's (every rank holds its weights; the stream a vLLM sync reads is
-    the gathered state), and so are the next two, taken again after loading the checkpoint saved before them."""
+    """Three steps on 2 ranks are the single process's, the training state offloaded to host memory and reloaded
+    between them (every rank holds its weights; the stream a vLLM sync reads is the gathered state), and so are the
+    next two, taken again after loading the checkpoint saved before them."""
     losses, weights, later = reference
     group = WorkerGroup(Role(EngineProbe, model_dir, backend, zero_stage=stage, micro_batches=2, offload=offload),
                         ResourcePool(2))
     try:
-        out = group.train(sequences(), steps=3)
+        out = group.train(sequences(), steps=3, offload_between=True)
         assert out.meta["losses"] == pytest.approx(losses, rel=1e-5)
         assert losses[-1] < losses[0] - 0.5  # it learns
         gathered = group.weights()

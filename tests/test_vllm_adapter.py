@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from hybridflow_lab.config import ConfigError, LabConfig, load_config, validate
 from hybridflow_lab.engines import SamplingParams
-from hybridflow_lab.engines.vllm_rollout import pack_outputs, unpadded_prompts, vllm_sampling_kwargs
-from hybridflow_lab.engines.weight_fingerprint import WeightSyncError, check_fingerprints, fingerprints
+from hybridflow_lab.engines.vllm_rollout import (
+    engine_arguments,
+    pack_outputs,
+    unpadded_prompts,
+    vllm_sampling_kwargs,
+)
+from hybridflow_lab.engines.weight_fingerprint import (
+    WeightSyncError,
+    check_fingerprints,
+    fingerprints,
+    matrix_fingerprint,
+    probe,
+)
 from hybridflow_lab.models import create_model_dir
 
 
@@ -38,6 +51,27 @@ def test_completions_become_the_training_layout():
     torch.testing.assert_close(out["rollout_log_probs"][0], torch.tensor([-0.1, -0.2, 0.0]))
 
 
+def test_vllm_runs_eagerly_on_the_cpu_compiled_on_cuda_unless_set_and_without_its_custom_all_reduce(tmp_path):
+    """``rollout.enforce_eager`` reaches the engine; unset, CUDA keeps vLLM's CUDA graphs and torch.compile. The
+    custom all-reduce is off everywhere (it cannot map its TP peers where Ray shows each rank one GPU), and only
+    a CUDA engine beside a trainer sleeps (the CPU build refuses sleep mode)."""
+    from hybridflow_lab.workers.actor import vllm_settings
+
+    model = create_model_dir(tmp_path / "m", "tiny", "qwen2")
+    config = load_config(LabConfig, overrides=[f"actor.model_path={model}", "rollout.engine=vllm"])
+    settings = vllm_settings(config, replica=0)
+    on_cpu, on_cuda = engine_arguments(model, settings, on_cuda=False), engine_arguments(model, settings, on_cuda=True)
+    assert (on_cpu["enforce_eager"], on_cuda["enforce_eager"]) == (True, False)
+    assert on_cpu["disable_custom_all_reduce"] and on_cuda["disable_custom_all_reduce"]
+    assert (on_cpu["enable_sleep_mode"], on_cuda["enable_sleep_mode"]) == (False, True)
+    eager = vllm_settings(load_config(LabConfig, overrides=[f"actor.model_path={model}", "rollout.engine=vllm",
+                                                             "rollout.enforce_eager=true"]), replica=0)
+    assert engine_arguments(model, eager, on_cuda=True)["enforce_eager"]
+    own_pool = vllm_settings(config, replica=0, sleeps=False)  # a rollout group of its own keeps its weights
+    assert not engine_arguments(model, own_pool, on_cuda=True)["enable_sleep_mode"]
+    assert engine_arguments(model, dataclasses.replace(settings, enforce_eager=False), False)["enforce_eager"] is False
+
+
 def test_vllm_is_refused_before_start_in_a_kernel_without_it(tmp_path, monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -60,6 +94,16 @@ def test_fingerprints_move_with_any_single_element_and_name_the_tensor():
         with pytest.raises(WeightSyncError, match="the rollout engine's w is not the trainer's") as info:
             check_fingerprints(expected, fingerprints({**state, "w": moved}), rtol=1e-9)
         assert info.value.tensor == "w"
+
+
+def test_a_matrix_fingerprint_is_computed_in_blocks_of_at_most_the_chunk_size_and_equals_the_whole_product():
+    torch.manual_seed(0)
+    matrix = torch.randn(4096, 64, dtype=torch.bfloat16)  # 2 MiB as float64 (a 150k vocabulary's would be GBs)
+    whole = matrix.double() @ probe(64)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled:
+        blocked = matrix_fingerprint(matrix, probe(64), dtype=torch.float32, chunk_bytes=64 * 2**10)
+    assert max(event.cpu_memory_usage for event in profiled.events()) <= 64 * 2**10
+    torch.testing.assert_close(blocked, whole, rtol=0, atol=1e-12 * float(whole.abs().max()))
 
 
 def test_fingerprint_checks_name_unsent_and_missing_tensors():

@@ -94,6 +94,7 @@ class RolloutConfig:
     kv_cache_gib: int = 1  # vllm on CPU: GiB of RAM each rank's engine reserves for its KV cache
     dtype: str = ""  # vllm's dtype: float32 | bfloat16 | float16; empty = the actor's training dtype
     verify_weight_sync: bool = True  # vllm: fingerprint every tensor after each weight sync, stop on a mismatch
+    enforce_eager: bool | None = None  # vllm: no CUDA graphs or torch.compile; None: eager on the CPU, compiled on CUDA
     pool: str = ""  # empty: the actor's ranks generate (the hybrid engine); a name: a generation group of its own
     ranks: int = 1  # ranks of that group (data parallel, each with the whole policy)
     nodes: int = 1

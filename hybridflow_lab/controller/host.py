@@ -29,6 +29,11 @@ from hybridflow_lab.protocol import DataBatch, payload_nbytes
 from hybridflow_lab.telemetry import Phase, Span
 
 
+def collective_backend(device: str) -> str:
+    """The process group's backends for a rank on ``device``: NCCL for GPU tensors, gloo for CPU ones."""
+    return "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+
+
 class Role:
     """A worker class and its constructor arguments: ``Role(ActorWorker, config, lr=1e-5)``."""
 
@@ -122,8 +127,8 @@ class RankHost:
         if info.backend == "local":
             if info.world_size > 1:
                 return False  # ranks run one after another: collectives would deadlock
-            if not dist.is_initialized():
-                dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            if not dist.is_initialized():  # the first local group decides: gloo would copy CUDA tensors via the host
+                dist.init_process_group(collective_backend(device), store=dist.HashStore(), rank=0, world_size=1)
             for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
                 os.environ.setdefault(key, value)  # what launchers set and DeepSpeed reads
             return True
@@ -134,12 +139,11 @@ class RankHost:
         os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(info.rank),
                           WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(local_rank),
                           LOCAL_WORLD_SIZE=str(info.local_world_size))
-        backend = "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
         timeout = timedelta(seconds=info.collective_timeout_s)
         if self._store is None:
             self._store = dist.TCPStore(addr, port, info.world_size, is_master=False, timeout=timeout)
-        dist.init_process_group(backend, store=self._store, rank=info.rank, world_size=info.world_size,
-                                timeout=timeout)
+        dist.init_process_group(collective_backend(device), store=self._store, rank=info.rank,
+                                world_size=info.world_size, timeout=timeout)
         return True
 
     def _build_device_meshes(self, device: str) -> dict[str, Any]:
@@ -180,6 +184,10 @@ class RankHost:
             recorder.drain()
             raise self._error(role, method, exc) from exc
         end = time.time()
+        if device.startswith("cuda"):
+            # what the call's temporaries left cached goes back to the GPU (as verl's workers do after each
+            # compute): a colocated group, and vLLM waking its KV cache, can only use memory no process caches
+            torch.cuda.empty_cache()
         bytes_out = payload_nbytes(result)
         spans.append(Span(method, Phase.EXECUTE, start, end, bytes_moved=bytes_in + bytes_out,
                           attrs={"bytes_in": bytes_in, "bytes_out": bytes_out, **memory.fields()}, **where))

@@ -46,23 +46,36 @@ def device_memory_mib(device: str) -> float:
     return resident_mb()
 
 
+def device_used_mib(device: str) -> float:
+    """The GPU's memory in use by every process on it, in MiB (``mem_get_info``): unlike ``memory_allocated`` it
+    drops when vLLM sleeps (its allocator unmaps the memory while torch's tensors over it stay alive)."""
+    free, total = torch.cuda.mem_get_info(device)
+    return (total - free) / 2**20
+
+
 class PhaseMemory:
     """The memory around one phase (a worker call): before, after and, on CUDA, the peak allocated in between.
 
     ``fields()`` are the span attributes the timeline shows: ``memory_kind`` (``cuda_allocated`` or ``rss``),
-    ``memory_before_mib``, ``memory_after_mib`` and, on CUDA, ``memory_peak_mib`` (``max_memory_allocated``).
+    ``memory_before_mib``, ``memory_after_mib`` and, on CUDA, ``memory_peak_mib`` (``max_memory_allocated``) and
+    ``device_used_before_mib``/``device_used_after_mib``: the whole GPU's use, which is what a colocated group can
+    still get (and the one that shows vLLM asleep).
     """
 
     def __init__(self, device: str) -> None:
         self.device = device
-        if device.startswith("cuda"):
+        self.on_cuda = device.startswith("cuda")
+        if self.on_cuda:
             torch.cuda.reset_peak_memory_stats(device)
+            self.used_before = device_used_mib(device)
         self.before = device_memory_mib(device)
 
     def fields(self) -> dict[str, float | str]:
-        out: dict[str, float | str] = {"memory_kind": "cuda_allocated" if self.device.startswith("cuda") else "rss",
+        out: dict[str, float | str] = {"memory_kind": "cuda_allocated" if self.on_cuda else "rss",
                                        "memory_before_mib": round(self.before, 1),
                                        "memory_after_mib": round(device_memory_mib(self.device), 1)}
-        if self.device.startswith("cuda"):
+        if self.on_cuda:
             out["memory_peak_mib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**20, 1)
+            out["device_used_before_mib"] = round(self.used_before, 1)
+            out["device_used_after_mib"] = round(device_used_mib(self.device), 1)
         return out

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridflow_lab.config import OptimConfig
+from hybridflow_lab.engines.host_offload import HostCopies, offload_optimizer_state, reload_optimizer_state
 from hybridflow_lab.engines.train_base import TrainEngine, build_optimizer, build_scheduler
 from hybridflow_lab.engines.training_state import Moments
 from hybridflow_lab.models.lora import has_adapters, trainable_parameters
@@ -101,6 +102,7 @@ class DeepSpeedEngine(TrainEngine):
         )
         self.engine.checkpoint_engine.load = _load_without_code  # DeepSpeed's own load unpickles anything
         self.module = self.engine
+        self.host = HostCopies()
 
     @property
     def model(self) -> nn.Module:
@@ -134,10 +136,25 @@ class DeepSpeedEngine(TrainEngine):
         engine from the last checkpoint."""
 
     def _offload(self) -> None:
-        self.engine.offload_states()
+        """DeepSpeed's ``offload_states`` for its own buffers; the torch AdamW's state, and ZeRO-3's fp32 master
+        partitions, into host buffers reused at every offload. DeepSpeed's own move of them asserts its FusedAdam
+        under ZeRO-3, and its reload puts AdamW's step counts on the device (a sync at every update)."""
+        from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as State
+
+        zero = self.engine.optimizer
+        own = [State.lp_params, State.lp_grads, State.contiguous_grad_buffer]
+        self.engine.offload_states(include=own if self.zero_stage == 3 else [*own, State.hp_params])
+        if self.zero_stage == 3:
+            for index, master in enumerate(zero.fp32_partitioned_groups_flat):
+                master.data = self.host.copy(("master", index), master.data)
+        self._state_on_device = offload_optimizer_state(zero.optimizer, self.device, self.host)
 
     def _reload(self) -> None:
         self.engine.reload_states()
+        if self.zero_stage == 3:
+            for master in self.engine.optimizer.fp32_partitioned_groups_flat:
+                master.data = master.data.to(self.device)
+        reload_optimizer_state(self._state_on_device, self.device)
 
     def current_lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])

@@ -39,6 +39,17 @@ class TorchEngine(TorchOptimizerEngine):
         self.bf16 = bf16
         self.module = DistributedDataParallel(model, process_group=group) if self.dp_size > 1 else model
 
+    def _offload(self) -> None:
+        # DDP's reducer holds gradient buckets the size of the model, and its hooks sit on the parameters' gradient
+        # accumulators, which a move to another device replaces: its gradients would silently stop being averaged
+        self.module = self._model
+        super()._offload()
+
+    def _reload(self) -> None:
+        super()._reload()
+        if self.dp_size > 1:  # a new reducer on the moved parameters; every rank's weights are still the same
+            self.module = DistributedDataParallel(self._model, process_group=self.group, init_sync=False)
+
     def precision(self) -> AbstractContextManager[Any]:
         if not self.bf16:
             return nullcontext()

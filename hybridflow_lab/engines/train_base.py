@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hybridflow_lab.config.schema import OptimConfig
+from hybridflow_lab.engines.host_offload import HostCopies, offload_optimizer_state, reload_optimizer_state
 from hybridflow_lab.engines.training_state import Moments, TrainingState
 from hybridflow_lab.models.lora import trainable_names
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, clip_grad_norm
@@ -122,15 +123,16 @@ class TrainEngine(ABC):
     def offload(self) -> None:
         """Move the weights, gradients and optimizer state to host memory and free their device memory (verl's
         offload around generation, when the rollout engine holds its own copy of the weights); ``reload`` brings
-        them back. A no-op on the CPU, where host and device memory are one, and for an engine whose state is
-        already on the host."""
-        if self.device.startswith("cuda") and not self.state_on_host:
+        them back. Nothing moves for an engine whose state is already on the host; on the CPU the state is copied
+        into the host buffers all the same (the hybrid engine only offloads on CUDA; tests run it here)."""
+        if not self.state_on_host:
             self._offload()
-            torch.cuda.empty_cache()  # hand the freed blocks back, so that another allocator (vLLM's) can take them
+            if self.device.startswith("cuda"):
+                torch.cuda.empty_cache()  # hand the freed blocks back, so that vLLM's allocator can take them
 
     def reload(self) -> None:
         """Undo ``offload``."""
-        if self.device.startswith("cuda") and not self.state_on_host:
+        if not self.state_on_host:
             self._reload()
 
     @abstractmethod
@@ -276,6 +278,7 @@ class TorchOptimizerEngine(TrainEngine):
         self.optim_config = optim
         self.optimizer = build_optimizer(parameters, optim, device)
         self.scheduler = build_scheduler(self.optimizer, optim)
+        self.host = HostCopies()
 
     def _clip_gradients(self) -> float:
         max_norm = self.optim_config.grad_clip or float("inf")
@@ -299,22 +302,9 @@ class TorchOptimizerEngine(TrainEngine):
         return float(self.optimizer.param_groups[0]["lr"])
 
     def _offload(self) -> None:
-        self._state_on_device = move_optimizer_state(self.optimizer, self.device, "cpu")
+        self._state_on_device = offload_optimizer_state(self.optimizer, self.device, self.host)
         self.model.to("cpu")  # parameters and any gradients (FSDP2: the local shards)
 
     def _reload(self) -> None:
         self.model.to(self.device)
-        for state, key in self._state_on_device:
-            state[key] = state[key].to(self.device)
-
-
-def move_optimizer_state(optimizer: torch.optim.Optimizer, source: str, target: str) -> list[tuple[dict, str]]:
-    """Move the optimizer's state tensors on ``source`` to ``target``; returns where each was (AdamW keeps its
-    step counts on the CPU, and they stay there)."""
-    moved = []
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if torch.is_tensor(value) and value.device == torch.device(source):
-                state[key] = value.to(target)
-                moved.append((state, key))
-    return moved
+        reload_optimizer_state(self._state_on_device, self.device)

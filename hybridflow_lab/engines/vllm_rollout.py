@@ -7,8 +7,9 @@ tensor (``weight_fingerprint``) and a tensor that did not arrive stops the run w
 The engine runs in the rank's own process, so the weights never cross a process boundary. With
 ``tensor_parallel`` > 1 the actor's ranks run one vLLM engine together (vLLM's external launcher
 over the ranks' own process group, verl's SPMD rollout); each rank loads its shard from the full
-weights. On CUDA it sleeps between generations (weights offloaded, KV cache freed) and wakes in two steps:
-the weights before a weight load, the KV cache before generating (``transitions`` records the order).
+weights. On CUDA, beside the trainer, it sleeps between generations at level 2 (weights discarded, KV cache
+freed: the next sync overwrites the weights anyway) and wakes in two steps: the weights before a weight load,
+the KV cache before generating (``transitions`` records the order).
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ from torch import nn
 
 from hybridflow_lab.engines.sampling import SamplingParams
 from hybridflow_lab.engines.torch_rollout import sequences_batch
-from hybridflow_lab.engines.weight_fingerprint import check_fingerprints, probe, tensor_fingerprint
+from hybridflow_lab.engines.weight_fingerprint import (
+    check_fingerprints,
+    matrix_fingerprint,
+    probe,
+    tensor_fingerprint,
+)
 
 # The weights iterator handed to reload_weights must reach the engine in this process: an engine core
 # in a separate process (vLLM's default) receives raw tensors as lists and dies.
@@ -38,13 +44,19 @@ WAKE_TAGS = ("weights", "kv_cache")  # what a sleeping engine puts back on the d
 KERNEL_RTOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 EXACT_RTOL = 1e-9
 ENGINE_NAME_ENV = "HYBRIDFLOW_VLLM_ENGINE_NAME"
+# Ray shows each rank one GPU. vLLM's custom all-reduce maps its TP peers' indices through CUDA_VISIBLE_DEVICES
+# (IndexError with one entry: disable_custom_all_reduce), and its symmetric-memory and FlashInfer all-reduces set
+# up peer buffers across the TP group's devices; NCCL over the ranks' own group needs none of them.
+ONE_GPU_PER_RANK_ENV = {"VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_ALLREDUCE_USE_FLASHINFER": "0"}
+SLEEP_LEVEL = 2  # discard the weights when sleeping: the next sync overwrites them (level 1 copies them to host)
 
 
 @dataclass(frozen=True)
 class VllmSettings:
     """How the engine is built: dtype (the training dtype unless ``rollout.dtype`` says otherwise), context
     length (prompt + response budget), memory (``gpu_memory_utilization`` on CUDA, ``kv_cache_gib`` of RAM
-    on CPU) and whether every weight sync is verified."""
+    on CPU), whether every weight sync is verified, whether it runs eagerly (``None``: on the CPU only; on CUDA
+    vLLM captures CUDA graphs and compiles) and whether it sleeps between generations (CUDA; beside a trainer)."""
 
     dtype: torch.dtype
     max_model_len: int
@@ -53,6 +65,25 @@ class VllmSettings:
     kv_cache_gib: int = 1
     seed: int = 0
     verify_sync: bool = True
+    enforce_eager: bool | None = None
+    sleeps: bool = True
+
+
+def engine_arguments(model_path: str, settings: VllmSettings, on_cuda: bool) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for ``settings`` on this rank (CUDA or the CPU build)."""
+    return {
+        "model": model_path, "dtype": str(settings.dtype).removeprefix("torch."),
+        "max_model_len": settings.max_model_len, "tensor_parallel_size": settings.tensor_parallel,
+        # TP over the actor's own ranks: every rank runs this engine in its SPMD program
+        "distributed_executor_backend": spmd_executor() if settings.tensor_parallel > 1 else None,
+        "disable_custom_all_reduce": True,  # see ONE_GPU_PER_RANK_ENV (the CPU build forces it anyway)
+        "enforce_eager": not on_cuda if settings.enforce_eager is None else settings.enforce_eager,
+        "seed": settings.seed, "skip_tokenizer_init": True,
+        "gpu_memory_utilization": settings.gpu_memory_utilization,
+        "enable_sleep_mode": on_cuda and settings.sleeps,  # the CPU build refuses sleep mode
+        "load_format": "safetensors",  # never "auto"'s pickle fallback
+        "logprobs_mode": "processed_logprobs",  # the distribution tokens were drawn from (top-k/p, T)
+    }
 
 
 def vllm_sampling_kwargs(params: SamplingParams, eos_token_id: int | None) -> dict[str, Any]:
@@ -139,7 +170,7 @@ def shard_fingerprints(model: nn.Module) -> tuple[dict[str, tuple[str, torch.Ten
                 if in_kernel:
                     fingerprint = module.cpu_linear(x.to(param.dtype)[None], param, None)[0].double()
                 else:
-                    fingerprint = param.detach().double() @ x.to(param.device)
+                    fingerprint = matrix_fingerprint(param, x)
             else:
                 fingerprint = tensor_fingerprint(param)
             prefix, _, leaf = module_name.rpartition(".")
@@ -218,6 +249,7 @@ class VllmRollout:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         if settings.tensor_parallel > 1:
             os.environ[ENGINE_NAME_ENV] = shared_engine_name()
+            os.environ.update(ONE_GPU_PER_RANK_ENV)
         self.on_cuda = torch.cuda.is_available()
         if not self.on_cuda:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.kv_cache_gib)
@@ -226,14 +258,11 @@ class VllmRollout:
         check_reload_signature()
         self.params, self.eos_token_id, self.pad_token_id = params, eos_token_id, pad_token_id
         self.settings = settings
-        self.llm = LLM(model=model_path, dtype=str(settings.dtype).removeprefix("torch."),
-                       max_model_len=settings.max_model_len, tensor_parallel_size=settings.tensor_parallel,
-                       # TP over the actor's own ranks: every rank runs this engine in its SPMD program
-                       distributed_executor_backend=spmd_executor() if settings.tensor_parallel > 1 else None,
-                       seed=settings.seed, enforce_eager=True, skip_tokenizer_init=True,
-                       gpu_memory_utilization=settings.gpu_memory_utilization, enable_sleep_mode=self.on_cuda,
-                       load_format="safetensors",  # never "auto"'s pickle fallback
-                       logprobs_mode="processed_logprobs")  # the distribution tokens were drawn from (top-k/p, T)
+        start = time.perf_counter()
+        self.llm = LLM(**engine_arguments(model_path, settings, self.on_cuda))
+        self.start_seconds = round(time.perf_counter() - start, 3)
+        self.discards_weights = self.on_cuda and settings.sleeps  # each sleep loses them until the next sync
+        self.weights_lost = False
         self.awake = set(WAKE_TAGS)  # what of the engine is on the device: its "weights", its "kv_cache"
         self.transitions: deque[str] = deque(maxlen=16)  # the latest wake/load/generate/sleep steps, in order
 
@@ -263,6 +292,7 @@ class VllmRollout:
         start = time.perf_counter()
         self.transitions.append("load_weights")
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
+        self.weights_lost = False
         self.llm.reset_prefix_cache()
         stats: dict[str, Any] = {"tensors": len(expected), "copied_bytes": moved, "largest_tensor_bytes": largest,
                                  "seconds": round(time.perf_counter() - start, 6)}
@@ -281,11 +311,12 @@ class VllmRollout:
                                {k: v for k, v in actual.items() if (k in through_kernel) == in_kernel}, rtol)
 
     def sleep(self) -> None:
-        """Offload the weights to host memory and free the KV cache until the next generation (CUDA; on the CPU
-        vLLM has no sleep mode and this does nothing)."""
-        if self.on_cuda and self.awake:
-            self.llm.sleep(level=1)
+        """Discard the weights and free the KV cache until the next sync and generation (CUDA, beside a trainer;
+        on the CPU vLLM has no sleep mode and this does nothing)."""
+        if self.discards_weights and self.awake:
+            self.llm.sleep(level=SLEEP_LEVEL)
             self.awake.clear()
+            self.weights_lost = True
             self.transitions.append("sleep")
 
     def wake_up(self, *tags: str) -> None:
@@ -305,6 +336,10 @@ class VllmRollout:
         from vllm.inputs import TokensPrompt
 
         params = params or self.params
+        if self.weights_lost:
+            raise RuntimeError("vLLM discarded its weights when it last slept (level 2) and no weight sync has "
+                               "loaded them since: call update_weights before generating (the hybrid engine "
+                               "syncs before every generation of an engine that discards them)")
         self.wake_up(*WAKE_TAGS)
         self.transitions.append("generate")
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in unpadded_prompts(prompt_ids, prompt_mask)]

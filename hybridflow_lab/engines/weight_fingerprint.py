@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import torch
 
 PROBE_SEED = 20240919  # the paper's arXiv date: any fixed value works, both sides derive the same probe
+CHUNK_BYTES = 64 * 2**20  # the largest float64 temporary one fingerprint allocates
 
 
 class WeightSyncError(RuntimeError):
@@ -34,17 +35,31 @@ def probe(columns: int, dtype: torch.dtype = torch.float64, device: torch.device
     return signs.to(dtype=dtype, device=device)
 
 
-def tensor_fingerprint(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor @ probe`` for a matrix, the tensor itself for a vector; float64 on the CPU."""
-    values = tensor.detach().double()
-    if values.ndim == 2:
-        values = values @ probe(values.shape[1], device=values.device)
-    return values.reshape(-1).cpu()
+def matrix_fingerprint(matrix: torch.Tensor, vector: torch.Tensor, dtype: torch.dtype | None = None,
+                       chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
+    """``matrix @ vector`` in float64 (after a cast to ``dtype`` where given), on the matrix's device.
+
+    Computed over blocks of rows whose float64 copy is at most ``chunk_bytes``: a whole 150k-row embedding in
+    float64 would be a temporary of several GB on the GPU.
+    """
+    rows = max(1, chunk_bytes // (8 * max(1, matrix.shape[1])))
+    vector = vector.to(dtype=torch.float64, device=matrix.device)
+    blocks = [(block if dtype is None else block.to(dtype)).double() @ vector for block in matrix.detach().split(rows)]
+    return torch.cat(blocks)
+
+
+def tensor_fingerprint(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``tensor @ probe`` for a matrix, the tensor itself for a vector, after a cast to ``dtype`` where given;
+    float64 on the CPU."""
+    if tensor.ndim == 2:
+        return matrix_fingerprint(tensor, probe(tensor.shape[1]), dtype).cpu()
+    values = tensor.detach() if dtype is None else tensor.detach().to(dtype)
+    return values.double().reshape(-1).cpu()
 
 
 def fingerprints(state: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Every tensor's fingerprint, after a cast to ``dtype`` (the rollout engine's) where given."""
-    return {name: tensor_fingerprint(t if dtype is None else t.to(dtype)) for name, t in state.items()}
+    return {name: tensor_fingerprint(t, dtype) for name, t in state.items()}
 
 
 def check_fingerprints(expected: Mapping[str, torch.Tensor], actual: Mapping[str, torch.Tensor],

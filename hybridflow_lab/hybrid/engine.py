@@ -18,6 +18,7 @@ a generation copy is the ``weight_sync`` span (tensors, bytes, seconds).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -25,8 +26,10 @@ from typing import Any
 import torch
 
 from hybridflow_lab.config import LabConfig
+from hybridflow_lab.controller.memory import device_used_mib
 from hybridflow_lab.controller.mesh import Mesh
 from hybridflow_lab.engines.train_base import TrainEngine
+from hybridflow_lab.engines.weight_fingerprint import check_fingerprints, fingerprints, tensor_fingerprint
 from hybridflow_lab.hybrid.layout import HybridLayout
 from hybridflow_lab.hybrid.reshard import Groups, Resharder, TransitionStats
 from hybridflow_lab.models import load_causal_lm
@@ -34,6 +37,7 @@ from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.models.lora import has_adapters, merged_weights
 from hybridflow_lab.telemetry import Phase
 
+READ_BACK_RTOL = 1e-9  # a copy read back is exact: float64 sums in the same order
 SpanFn = Callable[..., AbstractContextManager[dict[str, Any]]]
 WeightSink = Callable[[Iterable[tuple[str, torch.Tensor]]], Mapping[str, Any]]
 
@@ -70,11 +74,12 @@ class HybridEngine:
 
     ``load_copy`` receives the full weights as a stream of ``(name, tensor)`` in the gathered-copy case
     (vLLM's weight update) and returns the sync's numbers; without it the built-in engine gets its own
-    copy model. ``model`` is what the built-in engine runs.
+    copy model. ``copy_discarded`` says the copy loses its weights after each generation (vLLM's level-2
+    sleep), so that every generation syncs first. ``model`` is what the built-in engine runs.
     """
 
     def __init__(self, config: LabConfig, engine: TrainEngine, rank: int, groups: Callable[[], Groups],
-                 span: SpanFn, load_copy: WeightSink | None = None) -> None:
+                 span: SpanFn, load_copy: WeightSink | None = None, copy_discarded: bool = False) -> None:
         self.layout, self.engine, self.span = actor_layout(config), engine, span
         self.adapted = has_adapters(engine.model)
         self.whole = weights_whole(config) and not self.adapted  # adapters merge into a copy
@@ -90,10 +95,11 @@ class HybridEngine:
         elif load_copy is None:  # the built-in engine on a gathered copy, in the training dtype
             dtype = torch.bfloat16 if config.actor.engine.bf16 else torch.float32
             self.model = load_causal_lm(config.actor.model_path).to(engine.device, dtype)
-            self.load_copy = state_dict_sink(self.model)
+            self.load_copy = state_dict_sink(self.model, config.rollout.verify_weight_sync)
         else:
             self.load_copy = load_copy
         self.stale = False
+        self.copy_discarded = copy_discarded
 
     def weights_changed(self) -> None:
         """An update or a checkpoint load replaced the training weights."""
@@ -104,8 +110,11 @@ class HybridEngine:
         """The generation model, valid inside the block (collective on entry and exit when resharding)."""
         if self.resharder is None:
             self._refresh_copy()
-            with self._training_state_offloaded():
-                yield self.model
+            try:
+                with self._training_state_offloaded():
+                    yield self.model
+            finally:
+                self.stale = self.stale or self.copy_discarded
             return
         strategy = self.resharder.strategy
         with self.span("reshard_to_generation", phase=Phase.TRANSFER) as attrs:
@@ -124,9 +133,9 @@ class HybridEngine:
             yield
             return
         with self.span("offload_training", phase=Phase.TRANSFER) as attrs:
-            held = torch.cuda.memory_allocated()
+            used = device_used_mib(self.engine.device)
             self.engine.offload()
-            attrs["device_freed_mib"] = round((held - torch.cuda.memory_allocated()) / 2**20, 1)
+            attrs["device_freed_mib"] = round(used - device_used_mib(self.engine.device), 1)
         try:
             yield
         finally:
@@ -145,24 +154,32 @@ class HybridEngine:
         self.stale = False
 
 
-def state_dict_sink(model: torch.nn.Module) -> WeightSink:
+def state_dict_sink(model: torch.nn.Module, verify: bool = False) -> WeightSink:
     """Copies a weight stream into ``model`` (the built-in engine's generation copy) tensor by tensor, cast to
-    the copy's dtype and device, so that only the tensor in flight exists twice; every tensor must arrive."""
+    the copy's dtype and device, so that only the tensor in flight exists twice; every tensor must arrive. With
+    ``verify`` the copy's weights are fingerprinted against what arrived (``check_seconds`` in the numbers)."""
     targets = model.state_dict()  # the copy's own parameters and buffers, not copies of them
 
     @torch.no_grad()
     def load(weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
-        arrived, copied = set(), 0
+        arrived, expected, copied = set(), {}, 0
         for name, tensor in weights:
             if name not in targets:
                 raise KeyError(f"the weight stream sent {name!r}, which the generation model does not have")
             targets[name].copy_(tensor)
             arrived.add(name)
+            if verify:
+                expected[name] = tensor_fingerprint(tensor, targets[name].dtype)
             copied += tensor.numel() * tensor.element_size()
         if missing := sorted(targets.keys() - arrived):
             raise KeyError(f"the weight stream did not send {len(missing)} tensor(s) of the generation model, "
                            f"first {missing[0]!r}")
-        return {"tensors": len(arrived), "copied_bytes": copied}
+        stats: dict[str, Any] = {"tensors": len(arrived), "copied_bytes": copied}
+        if verify:
+            start = time.perf_counter()
+            check_fingerprints(expected, fingerprints(targets), READ_BACK_RTOL)
+            stats["check_seconds"] = round(time.perf_counter() - start, 6)
+        return stats
 
     return load
 

@@ -53,6 +53,16 @@ class Groups:
     world: Any = None
 
 
+def all_gather_rows(output: torch.Tensor, shard: torch.Tensor, group: Any) -> Any:
+    """Start gathering every rank's ``shard`` into ``output`` in rank order along dim 0; returns the pending work.
+
+    torch 2.13 names this collective ``all_gather_single`` and deprecates ``all_gather_into_tensor``; torch 2.11,
+    the lent GPU machines' torch, has only the older name.
+    """
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, shard, group=group, async_op=True)
+
+
 def process_groups(device_mesh: Any) -> Groups:
     """The groups of ``HybridLayout.meshes()``, from a worker's ``device_mesh(name)`` accessor."""
     return Groups(micro_dp=device_mesh("regroup").get_group("micro_dp"),
@@ -156,7 +166,7 @@ class Resharder:
         if dg == 1:
             return 0, None
         # this rank's input is its own slot of the output: gathering writes the other slots around it
-        work = dist.all_gather_single(buffer, mine, group=self.groups.micro_dp, async_op=True)
+        work = all_gather_rows(buffer, mine, self.groups.micro_dp)
         return (dg - 1) * shard.numel() * shard.element_size(), work
 
     def _gather_hybridflow_v(self, name: str, param: torch.nn.Parameter) -> Gathered:
@@ -164,7 +174,7 @@ class Resharder:
         t = self.layout.t
         buffer = torch.empty((t * shard.shape[0], *shard.shape[1:]), dtype=shard.dtype, device=shard.device)
         self._buffers[name] = buffer
-        work = dist.all_gather_single(buffer, shard, group=self.groups.training_tp, async_op=True)
+        work = all_gather_rows(buffer, shard, self.groups.training_tp)
         return (t - 1) * shard.numel() * shard.element_size(), work
 
     def _gather_ds_chat(self, name: str, param: torch.nn.Parameter) -> Gathered:
@@ -173,7 +183,7 @@ class Resharder:
         flat = torch.empty(world * partition.numel(), dtype=partition.dtype, device=partition.device)
         shape = self._full_shapes[name]
         self._buffers[name] = flat[: shape.numel()].view(shape)
-        work = dist.all_gather_single(flat, partition, group=self.groups.world, async_op=True)
+        work = all_gather_rows(flat, partition, self.groups.world)
         return (world - 1) * partition.numel() * partition.element_size(), work
 
     def _partition_for_zero3(self) -> None:

