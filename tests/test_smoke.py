@@ -13,7 +13,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.ray
 def test_the_smoke_checks_pass_on_the_cpu(ray_cluster):
-    summary = run("cpu", ["placement", "engines", "compiled"], engines=(("torch", 0),))
+    # the compiled paths it would check are tests/test_lab.py's and tests/test_compiled_layers.py's
+    summary = run("cpu", ["placement", "engines"], engines=(("torch", 0),))
     json.dumps(summary)  # one JSON summary
     placement, engines = summary["checks"]["placement"], summary["checks"]["engines"]
     assert placement["ok"], placement
@@ -23,6 +24,4 @@ def test_the_smoke_checks_pass_on_the_cpu(ray_cluster):
     assert engines["torch"]["state_devices"] == {"parameters": ["cpu"], "optimizer_state": ["cpu"]}
     assert engines["torch"]["losses"] == pytest.approx(engines["cpu_losses"], rel=1e-5)
     assert engines["torch-bf16"]["losses"] != engines["cpu_losses"]  # bf16 is honoured, within tolerance
-    compiled = summary["checks"]["compiled"]
-    assert compiled["ok"] and compiled["log_prob_gap"] < 1e-4, compiled
     assert summary["ok"] and summary["versions"]["torch"].startswith("2.13")
