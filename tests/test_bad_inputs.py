@@ -124,21 +124,23 @@ def expect(case: Case, build: Callable[[], object]) -> None:
         assert expected in message, f"{expected!r} not in {message!r}"
 
 
-@pytest.mark.parametrize("key", ["rollout.torch_compile", "rollout.onednn_decode", "actor.engine.torch_compile"])
-def test_compiling_without_a_cpp_compiler_fails_before_start(models, tmp_path, key):
+@pytest.mark.parametrize(("setting", "off"), [("rollout.decoding=compiled", "rollout.decoding=eager"),
+                                              ("rollout.decoding=onednn", "rollout.decoding=eager"),
+                                              ("actor.engine.torch_compile=true", "actor.engine.torch_compile=false")])
+def test_compiling_without_a_cpp_compiler_fails_before_start(models, tmp_path, setting, off):
     import torch._inductor.config as inductor
 
-    case = Case("no_cpp_compiler", None, ConfigError, (key, "needs a C++ compiler"),
-                f"install one (g++) or set {key}=false")
+    case = Case("no_cpp_compiler", None, ConfigError, (setting.split("=")[0], "needs a C++ compiler"),
+                f"install one (g++) or set {off}")
     with inductor.patch({"cpp.cxx": ("no-such-c++",)}):
-        expect(case, lambda: Lab(None, overrides=(*base_overrides(models, tmp_path), f"{key}=true"), start=False))
+        expect(case, lambda: Lab(None, overrides=(*base_overrides(models, tmp_path), setting), start=False))
 
 
 def test_the_inputs_the_tables_break_work(models, tmp_path):
     base = base_overrides(models, tmp_path)
     for extra in ((), PPO, DYNAMIC, (*TORCH_ENGINE, "actor.engine.tensor_parallel=2"), COMPILED_TP,
-                  (f"actor.model_path={models['vocab_101']}",), ("rollout.torch_compile=true",),
-                  ("rollout.onednn_decode=true",),
+                  (f"actor.model_path={models['vocab_101']}",), ("rollout.decoding=compiled",),
+                  ("rollout.decoding=onednn",),
                   ("actor.engine.torch_compile=true", "critic.engine.torch_compile=true", *PPO)):
         assert Lab(None, overrides=(*base, *extra), start=False).groups == {}
     config_file = tmp_path / "run.yaml"
@@ -239,11 +241,11 @@ OVERRIDE_CASES = [
          ("algorithm.overlong_buffer", "rollout.max_new_tokens=32"), "use less than 32"),
     Case("zero_eval_size", ["task.eval_size=0"], ConfigError, ("task.eval_size",), "use e.g. 64"),
     Case("unknown_nonfinite_policy", ["trainer.on_nonfinite=ignore"], ConfigError,
-         ("trainer.on_nonfinite", "'stop' or 'skip'", "ignore"), "nothing is applied either way"),
+         ("trainer.on_nonfinite", "('stop', 'skip')", "ignore"), "nothing is applied either way"),
     Case("skip_nonfinite_with_deepspeed", ["trainer.on_nonfinite=skip", "actor.engine.backend=deepspeed"],
          ConfigError, ("trainer.on_nonfinite", "deepspeed"), "use stop, or actor.engine.backend=torch"),
     Case("unknown_reward_policy", ["task.reward_on_error=retry"], ConfigError,
-         ("task.reward_on_error", "'fail' or 'zero'", "retry"), "scores 0 and is counted"),
+         ("task.reward_on_error", "('fail', 'zero')", "retry"), "scores 0 and is counted"),
     Case("negative_reward_timeout", ["task.reward_timeout_s=-1"], ConfigError, ("task.reward_timeout_s", "-1"),
          "use 0 for no timeout"),
     # sizes that do not divide
@@ -281,7 +283,8 @@ OVERRIDE_CASES = [
     Case("local_backend_with_two_ranks", ["backend=local"], ConfigError, ("actor.ranks",),
          "set it to 1 or use backend=ray"),
     # unknown names
-    Case("unknown_backend", ["backend=slurm"], ConfigError, ("backend", "'slurm'"), "must be 'ray' or 'local'"),
+    Case("unknown_backend", ["backend=slurm"], ConfigError, ("backend", "'slurm'", "('ray', 'local')"),
+         "'local' runs every role in this process"),
     Case("unknown_algorithm", ["algorithm.name=a2c"], ConfigError, ("algorithm.name", "'a2c'"), "'grpo'"),
     Case("unknown_task", ["task.name=chess"], ConfigError, ("task.name", "'chess'"),
          "known tasks: arithmetic, countdown, gsm8k, sorting, word_problems"),
@@ -294,18 +297,27 @@ OVERRIDE_CASES = [
          "rollout.max_new_tokens="),
     Case("forced_lengths_with_ignore_eos", ["rollout.forced_lengths=[2]", "rollout.ignore_eos=true"], ConfigError,
          ("rollout.forced_lengths",), "set rollout.ignore_eos=false"),
-    Case("compiled_decoding_with_vllm", ["rollout.torch_compile=true", "rollout.engine=vllm"], ConfigError,
-         ("rollout.torch_compile", "rollout.engine is 'vllm'"), "or rollout.torch_compile=false"),
-    Case("compiled_decoding_with_generation_tp", [*COMPILED_TP, "rollout.torch_compile=true"], ConfigError,
-         ("rollout.torch_compile", "no collectives"), "set rollout.tensor_parallel=1"),
-    Case("onednn_decoding_with_vllm", ["rollout.onednn_decode=true", "rollout.engine=vllm"], ConfigError,
-         ("rollout.onednn_decode", "rollout.engine is 'vllm'"), "or rollout.onednn_decode=false"),
-    Case("onednn_and_compiled_decoding", ["rollout.onednn_decode=true", "rollout.torch_compile=true"], ConfigError,
-         ("rollout.onednn_decode", "rollout.torch_compile"), "set one of them to false"),
-    Case("onednn_decoding_with_generation_tp", [*COMPILED_TP, "rollout.onednn_decode=true"], ConfigError,
-         ("rollout.onednn_decode", "no collectives"), "set rollout.tensor_parallel=1"),
-    Case("onednn_decoding_in_bf16", ["actor.engine.bf16=true", "rollout.onednn_decode=true"], ConfigError,
-         ("rollout.onednn_decode", "float32", "actor.engine.bf16"), "set actor.engine.bf16=false"),
+    Case("compiled_decoding_with_vllm", ["rollout.decoding=compiled", "rollout.engine=vllm"], ConfigError,
+         ("rollout.decoding", "rollout.engine is 'vllm'"), "or rollout.decoding=eager"),
+    Case("compiled_decoding_with_generation_tp", [*COMPILED_TP, "rollout.decoding=compiled"], ConfigError,
+         ("rollout.decoding", "no collectives"), "set rollout.tensor_parallel=1"),
+    Case("onednn_decoding_with_vllm", ["rollout.decoding=onednn", "rollout.engine=vllm"], ConfigError,
+         ("rollout.decoding", "rollout.engine is 'vllm'"), "or rollout.decoding=eager"),
+    Case("onednn_decoding_with_generation_tp", [*COMPILED_TP, "rollout.decoding=onednn"], ConfigError,
+         ("rollout.decoding", "no collectives"), "set rollout.tensor_parallel=1"),
+    Case("onednn_decoding_in_bf16", ["actor.engine.bf16=true", "rollout.decoding=onednn"], ConfigError,
+         ("rollout.decoding", "float32", "actor.engine.bf16"), "set actor.engine.bf16=false"),
+    Case("unknown_decoding", ["rollout.decoding=fast"], ConfigError, ("rollout.decoding", "'fast'",
+                                                                      "('eager', 'compiled', 'onednn')"),
+         "compiled runs it through torch.compile"),
+    Case("old_compiled_decoding_key", ["rollout.torch_compile=true"], ConfigError, ("rollout.torch_compile",),
+         "set rollout.decoding=compiled"),
+    Case("old_onednn_decoding_key", ["rollout.onednn_decode=true"], ConfigError, ("rollout.onednn_decode",),
+         "set rollout.decoding=onednn"),
+    Case("lora_rank_of_zero", ["actor.lora.rank=0"], ConfigError, ("actor.lora.rank", "trains no adapters"),
+         "remove the key, or set a rank >= 1"),
+    Case("negative_keep_checkpoints", ["trainer.keep_checkpoints=-1"], ConfigError, ("trainer.keep_checkpoints",),
+         "use 0 to keep every checkpoint"),
     Case("compiled_layers_with_fsdp", ["actor.engine.backend=fsdp", "actor.engine.torch_compile=true"], ConfigError,
          ("actor.engine.torch_compile", "FSDP gathers parameters in hooks"), "use actor.engine.backend=torch"),
     Case("compiled_layers_with_zero3", ["critic.engine.zero_stage=3", "critic.engine.torch_compile=true", *PPO],
@@ -401,6 +413,14 @@ FILE_CASES = [
     Case("yaml_unknown_nested_key", "actor:\n  optim:\n    lrr: 1.0e-5\n", ConfigError, ("actor.optim.lrr",),
          "did you mean actor.optim.lr?"),
     Case("yaml_missing_file", None, ConfigError, ("run.yaml", "not found"), "check the path"),
+    Case("yaml_duplicate_key", "actor:\n  optim:\n    lr: 1.0e-5\n    lr: 1.0e-3\n", ConfigError,
+         ("run.yaml", "line 4", "'lr' is given twice", "first on line 3"), "keep one of them"),
+    Case("yaml_duplicate_section", "batch:\n  samples_per_prompt: 8\nbatch:\n  samples_per_prompt: 4\n",
+         ConfigError, ("run.yaml", "'batch' is given twice"), "keep one of them"),
+    Case("yaml_old_decoding_key", "rollout:\n  onednn_decode: true\n", ConfigError, ("rollout.onednn_decode",),
+         "set rollout.decoding=onednn"),
+    Case("yaml_lora_rank_of_zero", "critic:\n  lora:\n    rank: 0\n", ConfigError, ("critic.lora.rank",),
+         "remove the key, or set a rank >= 1"),
 ]
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridflow_lab.config import ConfigError, LabConfig, load_config, to_dict, validate
+from hybridflow_lab.config import ConfigError, LabConfig, RolloutConfig, load_config, to_dict, validate
+from hybridflow_lab.dataflows.preflight import preflight
 from hybridflow_lab.models import create_model_dir
 
 
@@ -47,17 +48,13 @@ UNWORKABLE = [
      r"32 is not divisible by the 3 data-parallel ranks of the actor \(actor.ranks / actor.engine.tensor_parallel\)"),
     ({"batch.micro_batch_sequences_per_rank": 12}, "batch.micro_batch_sequences_per_rank",
      r"12 does not divide the 32 sequences each actor rank gets per optimizer step"),
-    ({"rollout.tensor_parallel": 3, "rollout.engine": "vllm"}, "rollout.tensor_parallel",
-     r"size 3 does not divide the model's num_attention_heads \(4\); use one of \[1, 2\]"),
     ({"rollout.tensor_parallel": 2}, "rollout.tensor_parallel", r"generation TP 2 must divide the actor's training "
      r"TP 1 \(actor.engine.tensor_parallel\)"),
     ({"actor.engine.tensor_parallel": 2}, "actor.engine.tensor_parallel", "set actor.engine.backend=torch"),
     ({"rollout.reshard": "nccl"}, "rollout.reshard", "'nccl' is not one of"),
     ({"actor.engine.backend": "megatron"}, "actor.engine.backend", "'megatron' is not one of"),
-    ({"actor.engine.zero_stage": 4}, "actor.engine.zero_stage", "must be 1, 2 or 3"),
+    ({"actor.engine.zero_stage": 4}, "actor.engine.zero_stage", r"4 is not one of \(1, 2, 3\)"),
     ({"backend": "local"}, "actor.ranks", "the local backend runs one rank per role"),
-    ({"actor.model_path": "/nonexistent/model"}, "actor.model_path", "does not exist"),
-    ({"critic.model_path": "/nonexistent/critic"}, "critic.model_path", "does not exist"),
     ({"batch.rollout_batch_prompts": 0}, "batch.rollout_batch_prompts", "must be >= 1"),
     ({"rollout.engine": "sglang"}, "rollout.engine", "'sglang' is not one of"),
     ({"critic.ranks": 1}, "critic.pool", r"critic \(1 ranks\) is colocated with actor \(2 ranks\) on pool 'main'; "
@@ -76,6 +73,87 @@ def test_unworkable_settings_fail_before_any_worker_starts(model_dir, settings, 
     with pytest.raises(ConfigError, match=message) as info:
         validate(config)
     assert info.value.key == key
+
+
+UNAVAILABLE = [  # settings whose rules hold, which the model files cannot serve
+    ({"rollout.tensor_parallel": 3, "rollout.engine": "vllm"}, "rollout.tensor_parallel",
+     r"size 3 does not divide the model's num_attention_heads \(4\); use one of \[1, 2\]"),
+    ({"actor.model_path": "/nonexistent/model"}, "actor.model_path", "does not exist"),
+    ({"critic.model_path": "/nonexistent/critic"}, "critic.model_path", "does not exist"),
+]
+
+
+@pytest.mark.parametrize(("settings", "key", "message"), UNAVAILABLE)
+def test_model_files_that_cannot_serve_the_settings_fail_the_preflight(model_dir, settings, key, message):
+    overrides = [f"actor.model_path={model_dir}"] + [f"{k}={v}" for k, v in settings.items()]
+    with pytest.raises(ConfigError, match=message) as info:
+        preflight(load_config(LabConfig, overrides=overrides), ("actor", "critic"))
+    assert info.value.key == key
+
+
+def test_the_rules_read_no_file(tmp_path):
+    validate(load_config(LabConfig, overrides=[f"actor.model_path={tmp_path / 'nothing_here'}"]))
+
+
+TWO_CONFLICTS = [  # a minibatch that does not divide the step, and a micro-batch that does not divide a rank's share
+    ("batch.update_minibatch_sequences=48", "batch.micro_batch_sequences_per_rank=5"),  # 48 / 64; 5 / 24
+    ("batch.samples_per_prompt=3", "batch.micro_batch_sequences_per_rank=12"),  # 64 / 48; 12 / 32
+    ("actor.ranks=4", "critic.ranks=4", "batch.update_minibatch_sequences=48", "batch.rollout_batch_prompts=8",
+     "batch.micro_batch_sequences_per_rank=8"),  # 48 / 32; 8 / 12
+]
+
+
+@pytest.mark.parametrize("overrides", TWO_CONFLICTS)
+def test_batch_size_conflicts_are_named_together_with_values_that_resolve_them_all(overrides):
+    with pytest.raises(ConfigError) as info:
+        validate(load_config(LabConfig, overrides=overrides), roles=("actor",))
+    first, *conflicts, proposal = str(info.value).splitlines()
+    assert first == "batch.update_minibatch_sequences: 2 batch-size conflicts:"
+    assert [line.split(":")[0].strip() for line in conflicts] == ["batch.update_minibatch_sequences",
+                                                                 "batch.micro_batch_sequences_per_rank"]
+    values = proposal.removeprefix("set together, so that every batch-size rule holds: ").split()
+    validate(load_config(LabConfig, overrides=[*overrides, *values]), roles=("actor",))
+
+
+def test_the_proposed_batch_sizes_stay_as_close_as_the_rules_allow():
+    with pytest.raises(ConfigError) as info:
+        validate(load_config(LabConfig, overrides=["batch.update_minibatch_sequences=48",
+                                                   "batch.micro_batch_sequences_per_rank=5"]))
+    assert str(info.value).endswith("batch.update_minibatch_sequences=32 batch.micro_batch_sequences_per_rank=4")
+
+
+def test_ranks_that_cannot_share_a_step_raise_the_prompts_per_step():
+    with pytest.raises(ConfigError) as info:
+        validate(load_config(LabConfig, overrides=["actor.ranks=3", "critic.ranks=3"]))
+    assert str(info.value).endswith("batch.rollout_batch_prompts=18 batch.update_minibatch_sequences=36 "
+                                    "batch.micro_batch_sequences_per_rank=6")  # 72 sequences, 12 per rank
+
+
+def test_a_yaml_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("rollout:\n  top_p: 0.9\n  temperature: 0.7\n  top_p: 0.5\n")
+    with pytest.raises(ConfigError, match=r"line 4: key 'top_p' is given twice in one section \(first on line 2\)"):
+        load_config(LabConfig, path)
+
+
+def test_a_lora_rank_of_zero_is_refused_and_leaving_it_unset_is_full_fine_tuning():
+    with pytest.raises(ConfigError, match="0 trains no adapters") as info:
+        load_config(LabConfig, overrides=["actor.lora.rank=0"])
+    assert info.value.key == "actor.lora.rank"
+    assert not load_config(LabConfig).actor.lora.enabled
+
+
+@pytest.mark.parametrize(("old", "new"), [("torch_compile", "compiled"), ("onednn_decode", "onednn")])
+def test_the_old_decoding_switches_are_refused_naming_the_setting_that_replaced_them(old, new):
+    with pytest.raises(ConfigError, match=f"set rollout.decoding={new}") as info:
+        load_config(LabConfig, overrides=[f"rollout.{old}=false"])
+    assert info.value.key == f"rollout.{old}"
+
+
+def test_a_choice_outside_its_literal_is_refused_for_a_config_built_in_python():
+    with pytest.raises(ConfigError, match=r"'onnx' is not one of \('eager', 'compiled', 'onednn'\)") as info:
+        validate(LabConfig(rollout=RolloutConfig(decoding="onnx")))  # type: ignore[arg-type]
+    assert info.value.key == "rollout.decoding"
 
 
 def test_verl_kl_names_are_read_as_the_projects_and_the_aggregation_follows_the_algorithm():

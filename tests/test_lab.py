@@ -215,14 +215,14 @@ def test_wandb_logs_offline_without_network(model_dir, tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(bool(missing_cpp_compiler()), reason=str(missing_cpp_compiler()))
-@pytest.mark.parametrize("decoding", ["rollout.torch_compile", pytest.param(
-    "rollout.onednn_decode", marks=pytest.mark.skipif(bool(missing_onednn()), reason=str(missing_onednn())))])
+@pytest.mark.parametrize("decoding", ["compiled", pytest.param(
+    "onednn", marks=pytest.mark.skipif(bool(missing_onednn()), reason=str(missing_onednn())))])
 def test_a_fast_decoding_step_generates_with_each_updates_weights_under_deepspeed(model_dir, tmp_path, decoding):
     """Each generation samples from the weights of the latest update: its log-probs are the trainer's, step after
     step (the oneDNN step packs the weights anew each time). And DeepSpeed's forward hook on the actor's module,
     which starts a timer (``time.time``, which dynamo cannot trace) from its third step on, stays out of the step."""
     changing = ("actor.engine.backend=deepspeed", "algorithm.entropy_coef=0.1")  # weights change even at zero reward
-    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", *changing, f"{decoding}=true"))
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", *changing, f"rollout.decoding={decoding}"))
     for _ in range(3):
         metrics = lab.step()
         assert metrics["actor/rollout_mismatch_max"] < 1e-4

@@ -16,10 +16,10 @@ forward pass gives the old log-probs) and KL 0.04 to the reference:
   over float32 weights); the matmul rate it is compared with is bfloat16's.
 
 Ours generate with the built-in engine, where a C++ compiler exists with its decoding step in C++ over
-oneDNN's pre-packed weights (``rollout.onednn_decode``; compiled by ``torch.compile`` instead in bfloat16 or without
-oneDNN, ``rollout.torch_compile``), else eager (``decode_step`` in the report says which, and why). There the
-training and scoring passes run each layer's work outside attention compiled too (``actor.engine.torch_compile``;
-``layers``), except under FSDP, which that option refuses.
+oneDNN's pre-packed weights (``rollout.decoding=onednn``; compiled by ``torch.compile`` instead in bfloat16
+or without oneDNN, ``rollout.decoding=compiled``), else eager (``decode_step`` in the report says which, and
+why). There the training and scoring passes run each layer's work outside attention compiled too
+(``actor.engine.torch_compile``; ``layers``), except under FSDP, which that option refuses.
 
 Reported beside the tokens/s: each stage's median seconds, each stage's FLOPs over its time and this
 machine's matmul rate (``stage_flop_fraction``), the step's share of that roofline, and with ``peer`` (a
@@ -49,8 +49,8 @@ import torch
 
 from hybridflow_lab.bench.peer import peer_command, peer_figures, started_peer
 from hybridflow_lab.bench.roofline import matmul_gflops
+from hybridflow_lab.config.rules import compiled_layers_refusal
 from hybridflow_lab.config.schema import EngineConfig
-from hybridflow_lab.config.validate import compiled_layers_refusal
 from hybridflow_lab.models import create_model_dir, describe, load_causal_lm
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
 from hybridflow_lab.models.onednn_decode import missing_onednn
@@ -171,8 +171,8 @@ def compile_settings(engine: str, no_compiler: str | None, bf16: bool) -> tuple[
     if no_compiler:
         return (), {"decode_step": f"eager: {no_compiler}", "layers": f"eager: {no_compiler}"}
     no_onednn = "the oneDNN step runs float32 only" if bf16 else missing_onednn()
-    decode, decode_report = ((("rollout.torch_compile=true",), f"compiled ({no_onednn})") if no_onednn
-                             else (("rollout.onednn_decode=true",), "onednn"))
+    decode, decode_report = ((("rollout.decoding=compiled",), f"compiled ({no_onednn})") if no_onednn
+                             else (("rollout.decoding=onednn",), "onednn"))
     refusal = compiled_layers_refusal("actor", EngineConfig(backend=engine))
     if refusal:
         return decode, {"decode_step": decode_report, "layers": f"eager: {refusal}"}

@@ -1,6 +1,7 @@
-"""Run configuration: dataclasses, YAML + dotted overrides, validation before any worker starts."""
+"""Run configuration: dataclasses, YAML + dotted overrides, and the rules between settings (pure: no I/O)."""
 
 from hybridflow_lab.config.loading import ConfigError, apply_overrides, from_dict, load_config, to_dict
+from hybridflow_lab.config.rules import validate
 from hybridflow_lab.config.schema import (
     TRAIN_BACKENDS,
     AlgorithmConfig,
@@ -11,7 +12,6 @@ from hybridflow_lab.config.schema import (
     RoleConfig,
     RolloutConfig,
 )
-from hybridflow_lab.config.validate import validate
 
 __all__ = ["TRAIN_BACKENDS", "AlgorithmConfig", "BatchConfig", "ConfigError", "EngineConfig", "LabConfig",
            "OptimConfig", "RoleConfig", "RolloutConfig", "apply_overrides", "from_dict", "load_config", "to_dict",

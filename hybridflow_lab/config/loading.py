@@ -90,6 +90,8 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         return tuple(_convert(item, v, key) for item, v in zip(items, value, strict=True))
     if hint is Any:
         return value
+    if origin is typing.Literal:  # its choices are checked with the other rules (config.rules), with their fixes
+        return _convert(type(typing.get_args(hint)[0]), value, key)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint is float and isinstance(value, str):  # YAML 1.1 reads 2e-5 (no dot) as a string
@@ -135,7 +137,35 @@ def load_config(cls: type[T], path: str | os.PathLike[str] | None = None, overri
     data: dict[str, Any] = {}
     if path is not None:
         data = _read_yaml(Path(path))
-    return from_dict(cls, merge(to_dict(cls()), apply_overrides(data, overrides)))
+    return from_given(cls, to_dict(cls()), apply_overrides(data, overrides))
+
+
+def from_given(cls: type[T], base: dict[str, Any], given: dict[str, Any]) -> T:
+    """``cls`` from ``base`` updated by what the user ``given``, refusing the values ``cls.REFUSED_IF_GIVEN`` names
+    (dotted key: the value, and why)."""
+    for key, (value, why) in getattr(cls, "REFUSED_IF_GIVEN", {}).items():
+        node: Any = given
+        for part in key.split("."):
+            node = node.get(part, {}) if isinstance(node, Mapping) else {}
+        if node == value and not isinstance(node, bool):
+            raise ConfigError(key, why)
+    return from_dict(cls, merge(base, given))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the later value silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise ConfigError(key_node.start_mark.name, f"line {line}: key {key!r} is given twice in one section "
+                                  f"(first on line {first_line[key]}), and only the later value would count; keep "
+                                  "one of them")
+            first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -143,7 +173,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(str(path), f"config file not found; check the path (relative paths start at {Path.cwd()})")
     try:
         with path.open("rb") as stream:  # bytes: PyYAML checks the encoding, and its marks name the file
-            data = yaml.safe_load(stream) or {}
+            data = yaml.load(stream, Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as error:
         raise ConfigError(str(path), f"not valid YAML ({' '.join(str(error).split())}); fix the file: UTF-8 text, "
                           "'section:' lines with indented 'key: value' lines under them") from None

@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from hybridflow_lab.config.loading import ConfigError, apply_overrides, from_dict, load_config, merge, to_dict
+from hybridflow_lab.config.loading import ConfigError, apply_overrides, from_given, load_config, to_dict
 from hybridflow_lab.config.schema import LabConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -20,7 +20,7 @@ def presets() -> list[str]:
 def resolve_config(config: LabConfig | str | os.PathLike[str] | None, overrides: Sequence[str] = ()) -> LabConfig:
     """A LabConfig from an instance, a preset name, a YAML path or nothing (defaults), plus overrides."""
     if isinstance(config, LabConfig):
-        return from_dict(LabConfig, merge(to_dict(config), apply_overrides({}, overrides)))
+        return from_given(LabConfig, to_dict(config), apply_overrides({}, overrides))
     if config is None:
         return load_config(LabConfig, None, overrides)
     path = Path(config)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal, get_args
 
 from hybridflow_lab.algorithms.kl import KL_ALIASES
 from hybridflow_lab.models.lora import LoraConfig
 
-TRAIN_BACKENDS = ("torch", "deepspeed", "fsdp")  # the training engines (hybridflow_lab.engines builds them)
-RESHARD_STRATEGIES = ("hybridflow", "hybridflow_v", "ds_chat")  # training -> generation (hybridflow_lab.hybrid)
+TrainBackend = Literal["torch", "deepspeed", "fsdp"]  # the training engines (hybridflow_lab.engines builds them)
+ReshardStrategy = Literal["hybridflow", "hybridflow_v", "ds_chat"]  # training -> generation (hybridflow_lab.hybrid)
+Decoding = Literal["eager", "compiled", "onednn"]  # how the built-in engine runs its decoding step
+TRAIN_BACKENDS: tuple[str, ...] = get_args(TrainBackend)
+RESHARD_STRATEGIES: tuple[str, ...] = get_args(ReshardStrategy)
 
 
 @dataclass(frozen=True)
@@ -21,7 +24,7 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     warmup_steps: int = 0
-    schedule: str = "constant"  # or "cosine"
+    schedule: Literal["constant", "cosine"] = "constant"
     total_steps: int = 0  # needed by "cosine"
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
@@ -42,9 +45,9 @@ class EngineConfig:
     parallel instead.
     """
 
-    backend: str = "deepspeed"
+    backend: TrainBackend = "deepspeed"
     tensor_parallel: int = 1
-    zero_stage: int = 2
+    zero_stage: Literal[1, 2, 3] = 2
     offload: bool = False
     bf16: bool = False
     gradient_checkpointing: bool = False  # recompute each decoder layer's activations in the backward pass
@@ -73,7 +76,14 @@ class RoleConfig:
 class RolloutConfig:
     """Generation: sampling and the engine (``torch`` built-in, or ``vllm``: docs/vllm.md)."""
 
-    engine: str = "torch"
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "torch_compile": "is gone: set rollout.decoding=compiled (rollout.decoding chooses the decoding step: "
+                         "eager, compiled or onednn)",
+        "onednn_decode": "is gone: set rollout.decoding=onednn (rollout.decoding chooses the decoding step: "
+                         "eager, compiled or onednn)",
+    }
+
+    engine: Literal["torch", "vllm"] = "torch"
     max_prompt_tokens: int = 32
     max_new_tokens: int = 32
     temperature: float = 1.0
@@ -83,27 +93,22 @@ class RolloutConfig:
     pad_prompts: bool = False  # left-pad every prompt to max_prompt_tokens (fixed shapes, benchmarks)
     forced_lengths: tuple[int, ...] = ()  # benchmarks: row i of a generation call ends with EOS after the
     #                                       (i mod len)-th of these many tokens (built-in engine; SamplingParams)
-    torch_compile: bool = False  # built-in engine: run the decoding step compiled by torch.compile (inductor; on a
-    #                              CPU it needs a C++ compiler); compiles on each rank's first generation
-    onednn_decode: bool = False  # built-in engine on the CPU, float32: the decoding step in C++ over weights packed
-    #                              for oneDNN at each generation (a second copy of them while it runs); needs a C++
-    #                              compiler, builds once per machine (docs/performance.md)
+    # the built-in engine's decoding step (engines.torch_rollout.decoder): "eager"; "compiled" by torch.compile
+    # (inductor; on a CPU it needs a C++ compiler), compiled on each rank's first generation; or "onednn", on the
+    # CPU in float32, in C++ over weights packed for oneDNN at each generation (a second copy of them while it runs;
+    # needs a C++ compiler, builds once per machine: docs/performance.md)
+    decoding: Decoding = "eager"
     tensor_parallel: int = 1  # generation TP (tg): divides actor.engine.tensor_parallel; vllm: 1 or actor.ranks
-    reshard: str = "hybridflow"  # training -> generation transition: hybridflow | hybridflow_v | ds_chat
+    reshard: ReshardStrategy = "hybridflow"  # training -> generation transition
     gpu_memory_utilization: float = 0.5  # vllm on CUDA: its share of the GPU (weights and KV cache)
     kv_cache_gib: int = 1  # vllm on CPU: GiB of RAM each rank's engine reserves for its KV cache
-    dtype: str = ""  # vllm's dtype: float32 | bfloat16 | float16; empty = the actor's training dtype
+    dtype: Literal["", "float32", "bfloat16", "float16"] = ""  # vllm's dtype; empty: the actor's training dtype
     verify_weight_sync: bool = True  # vllm: fingerprint every tensor after each weight sync, stop on a mismatch
     enforce_eager: bool | None = None  # vllm: no CUDA graphs or torch.compile; None: eager on the CPU, compiled on CUDA
     pool: str = ""  # empty: the actor's ranks generate (the hybrid engine); a name: a generation group of its own
     ranks: int = 1  # ranks of that group (data parallel, each with the whole policy)
     nodes: int = 1
     max_staleness: int = 0  # policy versions generation may run ahead of training: 0 on-policy, 1 one-step off
-
-    @property
-    def decoding(self) -> str:
-        """How the built-in engine runs its decoding steps (``engines.torch_rollout.decoder``)."""
-        return "onednn" if self.onednn_decode else "compiled" if self.torch_compile else "eager"
 
 
 @dataclass
@@ -157,9 +162,11 @@ class AlgorithmConfig:
     loss_agg: str = "auto"  # auto | token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
     entropy_coef: float = 0.0
     value_clip: float = 0.2
-    rollout_is: str = "auto"  # token | sequence: truncated IS against the rollout's log-probs; auto: token when stale
+    # token | sequence: truncated IS against the rollout's log-probs; auto: token when stale
+    rollout_is: Literal["auto", "", "token", "sequence"] = "auto"
     rollout_is_cap: float = 2.0
-    rollout_mask: str = ""  # token | sequence: masked importance sampling, tokens (sequences) outside the band drop
+    # token | sequence: masked importance sampling, tokens (sequences) outside the band drop
+    rollout_mask: Literal["", "token", "sequence"] = ""
     rollout_mask_low: float = 0.5
     rollout_mask_high: float = 2.0
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, draw more
@@ -209,7 +216,7 @@ class TaskConfig:
     few_shot: int = 0  # worked examples (the task's demonstrations) shown before each prompt; bundled tasks
     eval_size: int = 64
     cost: str = ""  # safe_rlhf: a rule cost ("digit_cost")
-    reward_on_error: str = "fail"  # a reward function that raises or returns NaN/inf: "fail", or "zero" (counted)
+    reward_on_error: Literal["fail", "zero"] = "fail"  # a reward function raising or returning NaN/inf (zero: counted)
     reward_timeout_s: float = 0.0  # > 0: rule rewards run in a child process, killed after this many seconds
 
 
@@ -220,12 +227,13 @@ class TrainerConfig:
     steps: int = 20
     run_dir: str = "runs/lab"
     save_every: int = 0  # 0: only when asked
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # the newest checkpoints kept on disk; 0: every one
     eval_every: int = 0
-    on_nonfinite: str = "stop"  # a NaN/inf loss or gradient norm: "stop" the run, or "skip" the optimizer step
+    on_nonfinite: Literal["stop", "skip"] = "stop"  # a NaN/inf loss or gradient norm: stop the run, or skip the step
     logged_samples: int = 8  # rows of each step's batch kept for the sample browser, samples.jsonl and wandb
     progress: bool = True
     overlap: bool = True  # lab.step() runs stages on different resource pools at the same time (lab.overlapped)
+    stage_timeout_s: float = 1800.0  # a stage whose ranks have not all answered by then fails, naming them
     capture: str = ""  # stages whose output batch each step keeps on disk ("reward,ref" or "all"; lab.replay)
     capture_steps: int = 4  # the newest steps whose captures are kept (0: every step's)
     wandb: bool = False
@@ -236,8 +244,14 @@ class TrainerConfig:
 class LabConfig:
     """Everything a run needs. ``actor.model_path`` is the policy (and the reference policy)."""
 
-    backend: str = "ray"  # or "local": every role in this process, one rank each
-    device: str = "auto"  # cpu | cuda (one GPU per rank) | auto: cuda where the cluster has GPUs, else cpu
+    REFUSED_IF_GIVEN: ClassVar[dict[str, tuple[object, str]]] = {
+        f"{role}.lora.rank": (0, f"0 trains no adapters: LoRA is off while {role}.lora.rank is left unset (full "
+                                 f"fine-tuning); remove the key, or set a rank >= 1 (e.g. 8) to train adapters")
+        for role in ("actor", "critic")
+    }
+
+    backend: Literal["ray", "local"] = "ray"  # "local": every role in this process, one rank each
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # cuda: one GPU per rank; auto: cuda where the cluster has GPUs
     seed: int = 0
     actor: RoleConfig = field(default_factory=lambda: RoleConfig(ranks=2))
     critic: RoleConfig = field(default_factory=lambda: RoleConfig(ranks=2, optim=OptimConfig(lr=1e-5)))

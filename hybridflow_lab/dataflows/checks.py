@@ -1,4 +1,5 @@
-"""Checks of a whole run's config, before any worker starts: the sections (``config.validate``) and the algorithm."""
+"""The one check of a whole run's config, before any worker starts: the algorithm, the rules between settings
+(``config.rules``), then what the machine and the model files must offer (``preflight``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hybridflow_lab.algorithms.losses import aggregate
 from hybridflow_lab.algorithms.registry import get_policy_loss
 from hybridflow_lab.config import ConfigError, LabConfig, validate
 from hybridflow_lab.dataflows.algorithm import ALGORITHMS, RunNeeds
+from hybridflow_lab.dataflows.preflight import preflight
 
 
 def check_config(config: LabConfig) -> RunNeeds:
@@ -16,6 +18,7 @@ def check_config(config: LabConfig) -> RunNeeds:
     needs = check_algorithm(config)
     check_rollout_group(config, needs)
     validate(config, roles=needs.trained_roles)
+    preflight(config, roles=needs.trained_roles)
     return needs
 
 
@@ -31,7 +34,7 @@ def check_rollout_group(config: LabConfig, needs: RunNeeds) -> None:
         if rollout.tensor_parallel > 1:
             raise ConfigError("rollout.tensor_parallel", "a rollout group of its own runs data parallel, each rank "
                               "with the whole policy; set rollout.tensor_parallel=1, or leave rollout.pool empty")
-    if rollout.max_staleness <= 0:  # on-policy (a negative value fails validate's bound)
+    if rollout.max_staleness <= 0:  # on-policy (a negative value fails its bound in config.bounds)
         return
     if not needs.algorithm.asynchronous_rollout:
         able = sorted(n for n, a in ALGORITHMS.items() if a.asynchronous_rollout)

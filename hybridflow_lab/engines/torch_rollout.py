@@ -125,7 +125,7 @@ def sequences_batch(out: dict[str, torch.Tensor], pad_token_id: int) -> dict[str
 class TorchRollout:
     """Generation with the built-in engine on a model that lives elsewhere (the actor's, shared); ``precision``
     is the training engine's forward context (its bf16 autocast), so that both compute alike. ``decoding``: how the
-    decoding steps run (``decoder``; ``rollout.torch_compile``, ``rollout.onednn_decode``)."""
+    decoding steps run (``decoder``; ``rollout.decoding``)."""
 
     def __init__(self, model: DecoderLM, params: SamplingParams, eos_token_id: int | None, pad_token_id: int,
                  precision: Callable[[], AbstractContextManager[Any]] = nullcontext, decoding: str = "eager") -> None:

@@ -1,4 +1,4 @@
-"""The built-in engine's decoding step on the CPU in C++, over oneDNN's pre-packed weights (``rollout.onednn_decode``).
+"""The built-in engine's decoding step on the CPU in C++ over oneDNN's pre-packed weights (``rollout.decoding=onednn``).
 
 Through torch's linear, each of a decoding step's GEMMs (one row per sequence) spends much of its time re-packing
 the weight it streams from memory; oneDNN multiplies by weights packed once into its own blocked layout. That
@@ -6,7 +6,8 @@ layout is an opaque tensor, which ``torch.compile`` cannot take as an input, so 
 function (``onednn_decode.cpp``) calling ATen and oneDNN directly: the same computation as ``decode_step``, with
 q/k/v and gate/up each one GEMM, and the norms, rotary, cache writes and attention over the written slots as plain
 loops (each ATen operation costs microseconds more than its arithmetic at one token per row). The weights are packed
-when a generation starts: a second copy of them, held for that generation only.
+when a generation starts: a second copy of them, held for that generation only. It mirrors the decoders of
+``MIRRORED_ARCHITECTURES`` only and refuses, by name, a model of any other.
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ from hybridflow_lab.models.lora import LoraLinear, merge
 
 SOURCE = Path(__file__).with_name("onednn_decode.cpp")
 NO_BIAS = torch.empty(0)
+MIRRORED_ARCHITECTURES = ("qwen2", "llama")  # the model_types whose decoding step onednn_decode.cpp computes
+
+
+def unmirrored_architecture(model_type: str) -> str | None:
+    """Why the C++ step cannot decode a model of ``model_type`` (config.json's), or None when it mirrors it."""
+    if model_type in MIRRORED_ARCHITECTURES:
+        return None
+    return (f"the oneDNN decoding step mirrors the {' and '.join(MIRRORED_ARCHITECTURES)} decoders only, and this "
+            f"model's model_type is {model_type!r}")
 
 
 def missing_onednn() -> str | None:
@@ -57,6 +67,9 @@ class PackedDecoder:
     """``model``'s weights packed for oneDNN (for batches of about ``rows``), and its decoding step over them."""
 
     def __init__(self, model: DecoderLM, rows: int) -> None:
+        unmirrored = unmirrored_architecture(model.config.model_type)
+        if unmirrored:
+            raise ValueError(unmirrored)
         weight = model.lm_head.weight
         if model.tp.enabled or weight.device.type != "cpu" or weight.dtype != torch.float32:
             raise ValueError("the oneDNN decoding step runs a float32 model on the CPU without tensor parallelism; "
