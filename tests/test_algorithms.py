@@ -43,6 +43,7 @@ from hybridflow_lab.algorithms import (
     rloo,
     rollout_correction,
 )
+from hybridflow_lab.algorithms.losses import loss_units
 
 
 def t(rows) -> torch.Tensor:
@@ -296,6 +297,11 @@ def test_aggregate_whole_batch(mode):
     expected_sum, expected_units, _ = AGG_EXPECTED[mode]
     assert float(loss_sum) == pytest.approx(expected_sum)
     assert isinstance(units, float) and units == expected_units
+
+
+@pytest.mark.parametrize("mode", list(AGG_EXPECTED))
+def test_loss_units_are_the_units_aggregate_divides_by(mode):
+    assert loss_units(AGG_MASK.long(), mode, AGG_NORM) == AGG_EXPECTED[mode][1]
 
 
 @pytest.mark.parametrize("mode", list(AGG_EXPECTED))

@@ -8,7 +8,7 @@ import torch
 from hybridflow_lab.config import OptimConfig
 from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup
 from hybridflow_lab.engines.host_offload import HostCopies, offload_optimizer_state, reload_optimizer_state
-from hybridflow_lab.engines.train_base import build_optimizer, build_scheduler
+from hybridflow_lab.engines.train_base import StepMetrics, build_optimizer, build_scheduler
 from hybridflow_lab.models import create_model_dir, load_causal_lm
 from hybridflow_lab.smoke.checks import sequences
 from tests.engine_workers import EngineProbe
@@ -34,6 +34,16 @@ def test_each_offload_copies_the_optimizer_state_into_the_host_buffers_of_the_fi
         reload_optimizer_state(moved, "cpu")
     assert all(buffers[0][key] is buffers[1][key] for key in buffers[0])
     assert len(host.buffers) == 3  # exp_avg, exp_avg_sq and the step count (on the CPU here)
+
+
+def test_step_metrics_report_sums_per_loss_unit_token_means_and_valid_maxima():
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    metrics = StepMetrics(units=2.0, scale=0.5)  # two sequences: the loss sum is reported per sequence
+    metrics.add("loss", torch.tensor(3.0))
+    metrics.add_token_means({"clipfrac": torch.tensor([[1.0, 0.0, 9.0], [1.0, 9.0, 9.0]])}, mask)
+    metrics.add_max("mismatch", torch.tensor([[0.25, 0.5, 8.0], [0.125, 8.0, 8.0]]), mask)
+    assert metrics.result(metrics.sums, metrics.maxima) == {"clipfrac": pytest.approx(2 / 3), "loss": 1.5,
+                                                             "mismatch": 0.5}
 
 
 @pytest.fixture(scope="module")

@@ -117,16 +117,23 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, norm_tokens: in
     """
     mask = mask.to(loss.dtype)
     token_sums = (loss * mask).sum(dim=1)
+    units = loss_units(mask, mode, norm_tokens)
+    if mode == "seq-mean-token-mean":
+        return (token_sums / mask.sum(dim=1).clamp(min=1)).sum(), units
+    return token_sums.sum(), units
+
+
+def loss_units(mask: torch.Tensor, mode: str, norm_tokens: int = 0) -> float:
+    """What ``aggregate`` divides a loss sum by under ``mode``: the valid tokens of ``mask``, its sequences, or (Dr.
+    GRPO) its sequences times ``norm_tokens``."""
     lengths = mask.sum(dim=1)
     if mode == "token-mean":
-        return token_sums.sum(), float(lengths.sum().item())
+        return float(lengths.sum().item())
     sequences = float((lengths > 0).sum().item())
-    if mode == "seq-mean-token-sum":
-        return token_sums.sum(), sequences
-    if mode == "seq-mean-token-mean":
-        return (token_sums / lengths.clamp(min=1)).sum(), sequences
+    if mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        return sequences
     if mode == "seq-mean-token-sum-norm":
         if norm_tokens < 1:
             raise ValueError(f"{mode} divides by a constant token count; pass norm_tokens >= 1, got {norm_tokens}")
-        return token_sums.sum(), sequences * norm_tokens
+        return sequences * norm_tokens
     raise ValueError(f"unknown loss aggregation mode {mode!r}; known: {', '.join(AGGREGATION_MODES)}")

@@ -109,11 +109,11 @@ class DeepSpeedEngine(TrainEngine):
         return self.engine.module
 
     @contextmanager
-    def _accumulating(self, last: bool) -> Iterator[None]:
+    def accumulating(self, last: bool) -> Iterator[None]:
         self.engine.set_gradient_accumulation_boundary(last)
         yield
 
-    def _backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)
         if not self.engine.is_gradient_accumulation_boundary():
             self.engine.step()  # only counts the micro-step; the real step is _optimizer_step

@@ -66,7 +66,7 @@ class FSDPEngine(TorchOptimizerEngine):
     def model(self) -> nn.Module:
         return self.module
 
-    def _accumulating(self, last: bool) -> AbstractContextManager[Any]:
+    def accumulating(self, last: bool) -> AbstractContextManager[Any]:
         return self._gradient_sync(last)
 
     @contextmanager
@@ -77,7 +77,7 @@ class FSDPEngine(TorchOptimizerEngine):
         finally:
             self.module.set_requires_gradient_sync(True)
 
-    def _backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:

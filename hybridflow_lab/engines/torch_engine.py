@@ -59,12 +59,12 @@ class TorchEngine(TorchOptimizerEngine):
     def model(self) -> nn.Module:
         return self._model
 
-    def _accumulating(self, last: bool) -> AbstractContextManager[Any]:
+    def accumulating(self, last: bool) -> AbstractContextManager[Any]:
         if isinstance(self.module, DistributedDataParallel) and not last:
             return self.module.no_sync()
         return nullcontext()
 
-    def _backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:

@@ -1,10 +1,12 @@
 """The training-engine interface shared by the torch, DeepSpeed and FSDP2 backends.
 
 An engine owns a model wrapped for its backend, the optimizer and the learning-rate
-schedule. ``train_step`` runs one optimizer step over a list of micro-batches: every
-micro-batch's loss is a *sum* over its units (tokens or sequences) and is scaled by the
-number of units across all micro-batches and all data-parallel ranks, so the gradient is
-exactly the global mean whatever the split: the same as one process on the whole batch.
+schedule. An optimizer step is ``start_step``, then for each micro-batch a forward pass under
+``accumulating`` and ``precision`` and a ``backward``, then ``step``: every micro-batch's loss
+is a *sum* over its units (tokens or sequences) and is multiplied by the step's ``scale``, one
+over the units of all micro-batches and all data-parallel ranks, so the gradient is exactly the
+global mean whatever the split: the same as one process on the whole batch. ``train_step`` is
+that loop for a loss function that returns its loss and metric sums.
 
 Before the optimizer steps, a loss, metric or gradient norm that is NaN or infinite stops the
 update with ``NonFiniteUpdate`` (or, with ``skip_nonfinite``, drops the step's gradients and
@@ -20,7 +22,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,16 +35,49 @@ from hybridflow_lab.models.lora import trainable_names
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, clip_grad_norm
 from hybridflow_lab.protocol import DataBatch
 
-
-class Peak(NamedTuple):
-    """A metric a loss function reports as its largest value over micro-batches and ranks, not as a mean."""
-
-    value: torch.Tensor
-
-
-# loss_fn(module, micro_batch) -> (loss summed over units, metrics summed over units, or Peaks)
-LossFn = Callable[[nn.Module, DataBatch], tuple[torch.Tensor, dict[str, torch.Tensor | Peak]]]
+# loss_fn(module, micro_batch) -> (loss summed over units, metrics summed over units)
+LossFn = Callable[[nn.Module, DataBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 CountFn = Callable[[DataBatch], float]
+TOKEN_COUNT = "tokens"  # the step's valid tokens, among the sums: what token means are divided by
+
+
+class StepMetrics:
+    """One optimizer step's metrics, added up over its micro-batches; ``TrainEngine.step`` reduces them over the
+    data-parallel ranks. Sums in the loss's units (the loss, its terms) are reported as the step's mean, as the loss
+    is; token means (clip fractions, KLs...) as means over the step's valid tokens whatever the loss's units;
+    maxima as the largest value over valid tokens."""
+
+    def __init__(self, units: float, scale: float) -> None:
+        self.units = units  # the loss units of the step's micro-batches on all ranks
+        self.scale = scale  # what a micro-batch's loss sum is multiplied by before ``TrainEngine.backward``
+        self.sums: dict[str, torch.Tensor] = {}
+        self.token_means: set[str] = set()
+        self.maxima: dict[str, torch.Tensor] = {}
+
+    def add(self, key: str, value: torch.Tensor) -> None:
+        """A micro-batch's ``key`` summed over its loss units (``algorithms.losses.aggregate``)."""
+        self.sums[key] = self.sums.get(key, 0.0) + value.detach().double()
+
+    def add_token_means(self, values: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+        """A micro-batch's per-token ``values`` (``[rows, length]``, valid where ``mask``); once per micro-batch."""
+        valid = mask.bool()
+        for key, value in values.items():
+            self.add(key, value[valid].sum())
+            self.token_means.add(key)
+        self.add(TOKEN_COUNT, valid.sum().double())
+
+    def add_max(self, key: str, values: torch.Tensor, mask: torch.Tensor) -> None:
+        """A micro-batch's non-negative per-token ``values``, of which the step reports the largest valid one."""
+        value = torch.where(mask.bool(), values, torch.zeros_like(values)).max()
+        self.maxima[key] = torch.maximum(self.maxima.get(key, value), value).detach().double()
+
+    def result(self, sums: dict[str, torch.Tensor], maxima: dict[str, torch.Tensor]) -> dict[str, float]:
+        """The step's metrics from its ``sums`` and ``maxima`` reduced over the ranks."""
+        per_unit = {k: float(v) / self.units for k, v in sums.items()}
+        tokens = per_unit.pop(TOKEN_COUNT, None)
+        # token sums and the token count are both per loss unit, so their ratio is a token mean
+        means = {k: v / tokens if k in self.token_means else v for k, v in per_unit.items()}
+        return {**means, **{k: float(v) for k, v in maxima.items()}}
 
 
 def build_optimizer(params: Iterator[nn.Parameter], config: OptimConfig, device: str) -> torch.optim.Optimizer:
@@ -89,7 +124,8 @@ class TrainEngine(ABC):
         """The unwrapped model (its ``config``, its parameter names)."""
 
     @abstractmethod
-    def _backward(self, loss: torch.Tensor) -> None: ...
+    def backward(self, loss: torch.Tensor) -> None:
+        """Add ``loss``'s gradients to the step's (a micro-batch's loss sum times ``StepMetrics.scale``)."""
 
     @abstractmethod
     def _clip_gradients(self) -> float | None:
@@ -104,8 +140,8 @@ class TrainEngine(ABC):
     def _discard_gradients(self) -> None:
         """Drop the accumulated gradients without stepping."""
 
-    def _accumulating(self, last: bool) -> AbstractContextManager[Any]:
-        """Context for one micro-batch's backward; non-last ones may skip the gradient all-reduce."""
+    def accumulating(self, last: bool) -> AbstractContextManager[Any]:
+        """Context for one micro-batch's forward and backward; non-last ones may skip the gradient all-reduce."""
         return nullcontext()
 
     def precision(self) -> AbstractContextManager[Any]:
@@ -194,37 +230,25 @@ class TrainEngine(ABC):
         finally:
             self.module.train(was_training)
 
-    def train_step(self, micro_batches: Sequence[DataBatch], loss_fn: LossFn, count_fn: CountFn,
-                   skip_nonfinite: bool = False, apply: bool = True) -> dict[str, float]:
-        """One optimizer step; returns the global mean loss and metrics (``Peak`` metrics as their maximum), the
-        gradient norm, the lr and ``nonfinite_skipped`` (1 when the step was dropped for NaN/inf; see the module
-        docstring). ``apply=False`` computes the same numbers, the gradient norm before clipping included, and
-        leaves the weights and the schedule as they were (an engine that takes the norm inside its step, DeepSpeed,
-        cannot)."""
-        if not micro_batches:
-            raise ValueError("train_step needs at least one micro-batch")
+    def start_step(self, units: float) -> StepMetrics:
+        """Begin an optimizer step whose micro-batches hold ``units`` loss units (tokens or sequences) on this rank;
+        collective, the step's units are all ranks'. Returns the step's metrics and its loss ``scale``."""
         self.module.train()
         # a CPU float64 count: its all-reduce stays on gloo (NCCL groups are "cpu:gloo,cuda:nccl")
-        local = torch.tensor(float(sum(count_fn(mb) for mb in micro_batches)), dtype=torch.float64, device="cpu")
+        local = torch.tensor(float(units), dtype=torch.float64, device="cpu")
         total = float(self._reduce({"units": local}, dist.ReduceOp.SUM)["units"])
         if total <= 0:
             raise ValueError("train_step: the micro-batches hold no units to average over (empty masks?)")
-        scale = self.dp_size / total
-        sums: dict[str, torch.Tensor] = {}
-        peaks: dict[str, torch.Tensor] = {}
-        for index, mb in enumerate(micro_batches):
-            with self._accumulating(last=index == len(micro_batches) - 1):
-                with self.precision():
-                    loss, metrics = loss_fn(self.module, mb)
-                self._backward(loss * scale)
-            for key, value in {"loss": loss, **metrics}.items():
-                if isinstance(value, Peak):
-                    peaks[key] = torch.maximum(peaks.get(key, value.value), value.value).detach().double()
-                else:
-                    sums[key] = sums.get(key, 0.0) + value.detach().double()
+        return StepMetrics(total, self.dp_size / total)
+
+    def step(self, metrics: StepMetrics, skip_nonfinite: bool = False, apply: bool = True) -> dict[str, float]:
+        """End the step: the global metrics, the gradient norm, the lr and ``nonfinite_skipped`` (1 when the step
+        was dropped for NaN/inf; see the module docstring). ``apply=False`` computes the same numbers, the gradient
+        norm before clipping included, and leaves the weights and the schedule as they were (an engine that takes
+        the norm inside its optimizer step, DeepSpeed, cannot)."""
         lr = self.current_lr()
-        result = {k: float(v) / total for k, v in self._reduce(sums, dist.ReduceOp.SUM).items()}
-        result.update({k: float(v) for k, v in self._reduce(peaks, dist.ReduceOp.MAX).items()})
+        result = metrics.result(self._reduce(metrics.sums, dist.ReduceOp.SUM),
+                                self._reduce(metrics.maxima, dist.ReduceOp.MAX))
         norm = self._clip_gradients()
         if not apply:
             if norm is None:
@@ -241,6 +265,21 @@ class TrainEngine(ABC):
             return self._not_applied({"grad_norm": grad_norm}, result, grad_norm, lr, skip_nonfinite)
         self.global_step += 1
         return {**result, "grad_norm": grad_norm, "lr": lr, "nonfinite_skipped": 0.0}
+
+    def train_step(self, micro_batches: Sequence[DataBatch], loss_fn: LossFn, count_fn: CountFn) -> dict[str, float]:
+        """One optimizer step over ``micro_batches`` with ``loss_fn``, whose loss and metrics are sums over the units
+        ``count_fn`` counts (supervised fine-tuning, the benches); the mean ``loss`` and metrics, as ``step``."""
+        if not micro_batches:
+            raise ValueError("train_step needs at least one micro-batch")
+        metrics = self.start_step(sum(count_fn(mb) for mb in micro_batches))
+        for index, mb in enumerate(micro_batches):
+            with self.accumulating(last=index == len(micro_batches) - 1):
+                with self.precision():
+                    loss, sums = loss_fn(self.module, mb)
+                self.backward(loss * metrics.scale)
+            for key, value in {"loss": loss, **sums}.items():
+                metrics.add(key, value)
+        return self.step(metrics)
 
     def _not_applied(self, bad: dict[str, float], result: dict[str, float], norm: float | None, lr: float,
                      skip_nonfinite: bool) -> dict[str, float]:

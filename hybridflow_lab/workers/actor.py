@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hybridflow_lab.algorithms.losses import ppo_policy_loss
-from hybridflow_lab.algorithms.registry import PolicyLoss
+from hybridflow_lab.algorithms.kl import kl_estimate
+from hybridflow_lab.algorithms.losses import aggregate, loss_units, ppo_policy_loss
+from hybridflow_lab.algorithms.registry import POLICY_LOSS_KEYWORDS, PolicyLoss, get_policy_loss
+from hybridflow_lab.algorithms.rollout_correction import is_level, rollout_correction
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.controller.mesh import Mesh
@@ -19,7 +21,9 @@ from hybridflow_lab.dataflows import RunNeeds
 from hybridflow_lab.engines import SamplingParams, TrainingState
 from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.frozen import build_frozen_model
+from hybridflow_lab.engines.torch_engine import TorchEngine
 from hybridflow_lab.engines.torch_rollout import TorchRollout
+from hybridflow_lab.engines.train_base import StepMetrics, TrainEngine
 from hybridflow_lab.hybrid.engine import HybridEngine, actor_layout, actor_meshes
 from hybridflow_lab.hybrid.reshard import process_groups
 from hybridflow_lab.models import load_causal_lm
@@ -29,13 +33,14 @@ from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
 from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.seeds import derive_seed
-from hybridflow_lab.workers.actor_loss import actor_token_loss
-from hybridflow_lab.workers.batching import micro_batches, train_minibatches
+from hybridflow_lab.workers.batching import mean_over_steps, micro_batches, minibatches
 from hybridflow_lab.workers.generation import responses_batch
 from hybridflow_lab.workers.trained_role import TrainedRole
 
 if TYPE_CHECKING:
     from hybridflow_lab.engines.vllm_rollout import VllmRollout, VllmSettings
+
+ROW = "replay_row"  # each row's index, carried through a probe's shuffled micro-batches
 
 
 def sampling_params(config: LabConfig, **overrides: object) -> SamplingParams:
@@ -200,10 +205,14 @@ class ActorWorker(TrainedRole):
         if missing:
             raise KeyError(f"update_actor needs columns {missing}; compute them first (compute_log_prob, "
                            "compute_ref_log_prob, advantages)")
-        steps = train_minibatches(self.engine, batch, self.config, self.data_parallel_size, seed,
-                                  actor_token_loss(self.config, policy_loss, kl_coef))
+        steps, maxima = [], set()
+        for micros in self.optimizer_steps(batch, seed):
+            metrics, _ = policy_gradients(self.engine, micros, self.config, policy_loss, kl_coef)
+            maxima.update(metrics.maxima)
+            steps.append(self.engine.step(metrics, self.config.trainer.on_nonfinite == "skip"))
         self.hybrid.weights_changed()
-        return DataBatch(meta={"metrics": {f"actor/{k}": v for k, v in steps.items() if k != "loss"}})
+        return DataBatch(meta={"metrics": {f"actor/{k}": v for k, v in mean_over_steps(steps, maxima).items()
+                                           if k != "loss"}})
 
     @register(Dispatch.ONE_TO_ALL)
     def policy_weights(self) -> dict[str, torch.Tensor] | None:
@@ -217,3 +226,63 @@ class ActorWorker(TrainedRole):
 
     def weights_loaded(self) -> None:
         self.hybrid.weights_changed()
+
+
+def policy_gradients(engine: TrainEngine, micros: list[DataBatch], config: LabConfig, policy_loss: PolicyLoss,
+                     kl_coef: float) -> tuple[StepMetrics, list[torch.Tensor]]:
+    """One optimizer step's forward and backward passes over ``micros`` (see ``ActorWorker.update_actor``), its
+    metrics left for ``engine.step``; and each micro-batch's policy loss per token (``pg_loss``)."""
+    algorithm, temperature, remove_padding = config.algorithm, config.rollout.temperature, \
+        config.actor.engine.remove_padding
+    mode, norm = algorithm.aggregation, config.rollout.max_new_tokens
+    tis = is_level(algorithm.rollout_is, config.rollout.max_staleness > 0, algorithm.rollout_mask)
+    options = {key: getattr(algorithm, key) for key in POLICY_LOSS_KEYWORDS}
+    options["dual_clip"] = options["dual_clip"] or None
+    metrics = engine.start_step(sum(loss_units(micro["response_mask"], mode, norm) for micro in micros))
+    pg_losses = []
+    for index, micro in enumerate(micros):
+        mask = micro["response_mask"]
+        with engine.accumulating(last=index == len(micros) - 1):
+            with engine.precision():
+                log_probs, entropy = response_log_probs(engine.module, micro, temperature, True, remove_padding,
+                                                         entropy_grad=bool(algorithm.entropy_coef))
+                old_log_probs = micro["old_log_probs"] if "old_log_probs" in micro else log_probs.detach()
+                pg_loss, diagnostics = policy_loss(log_probs, old_log_probs, micro["advantages"], mask, **options)
+                means = {"entropy": entropy.detach(), **diagnostics}
+                if "rollout_log_probs" in micro:
+                    weights, correction = rollout_correction(
+                        old_log_probs, micro["rollout_log_probs"], mask, tis, algorithm.rollout_is_cap,
+                        algorithm.rollout_mask, algorithm.rollout_mask_low, algorithm.rollout_mask_high)
+                    pg_loss = pg_loss * weights
+                    means.update({f"rollout_{k}": v for k, v in correction.items()})
+                    metrics.add_max("rollout_mismatch_max", correction["mismatch"], mask)
+                loss = pg_loss - algorithm.entropy_coef * entropy if algorithm.entropy_coef else pg_loss
+                if "ref_log_probs" in micro:
+                    means["kl"] = old_log_probs - micro["ref_log_probs"]
+                if kl_coef:
+                    kl = kl_estimate(log_probs, micro["ref_log_probs"], algorithm.kl_loss_kind)
+                    loss = loss + kl_coef * kl
+                    metrics.add("kl_loss", aggregate(kl, mask, mode, norm)[0])
+                loss_sum = aggregate(loss, mask, mode, norm)[0]
+                metrics.add("loss", loss_sum)
+                metrics.add("pg_loss", aggregate(pg_loss, mask, mode, norm)[0])
+                metrics.add_token_means(means, mask)
+            engine.backward(loss_sum * metrics.scale)
+        pg_losses.append(pg_loss.detach())
+    return metrics, pg_losses
+
+
+def probe_update(model: torch.nn.Module, batch: DataBatch, config: LabConfig
+                 ) -> tuple[dict[str, float], dict[int, torch.Tensor]]:
+    """The actor update's metrics on ``batch`` taken as one optimizer step (one epoch, one mini-batch) by ``model``,
+    without applying it; and each row's policy loss per token (a replay's probe, ``trainer.replay``)."""
+    algorithm = config.algorithm
+    engine = TorchEngine(model, config.actor.optim)
+    rows = batch.union(DataBatch({ROW: torch.arange(len(batch))}))
+    micros = micro_batches(next(minibatches(rows, len(rows), 1, config.seed)), config.batch, engine).parts
+    metrics, pg_losses = policy_gradients(engine, micros, config, get_policy_loss(algorithm.policy_loss),
+                                          algorithm.kl_loss_coef)
+    step = engine.step(metrics, apply=False)
+    per_row = {row: values for micro, losses in zip(micros, pg_losses, strict=True)
+               for row, values in zip(micro[ROW].tolist(), losses, strict=True)}
+    return {f"actor/{k}": v for k, v in step.items() if k not in ("loss", "lr", "nonfinite_skipped")}, per_row

@@ -1,31 +1,18 @@
-"""Splitting a rank's share of a step into mini-batches (one optimizer step each) and micro-batches."""
+"""Splitting a rank's share of a step into mini-batches (one optimizer step each) and micro-batches, and the steps'
+metrics into one."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from hybridflow_lab.algorithms.losses import aggregate
-from hybridflow_lab.config import BatchConfig, LabConfig
-from hybridflow_lab.engines.train_base import Peak, TrainEngine
+from hybridflow_lab.config import BatchConfig
+from hybridflow_lab.engines.train_base import TrainEngine
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.seeds import derive_seed
-
-TOKENS = "tokens"  # the valid tokens of a step, a metric that turns token sums into token means
-
-
-@dataclass
-class TokenLoss:
-    """A micro-batch's loss per response token and its metrics, every tensor ``[rows, length]``."""
-
-    loss: torch.Tensor  # what is optimised, aggregated with ``algorithm.loss_agg``
-    terms: dict[str, torch.Tensor] = field(default_factory=dict)  # parts of the loss, in the loss's aggregation
-    means: dict[str, torch.Tensor] = field(default_factory=dict)  # diagnostics (fractions, KLs...): token means
-    peaks: dict[str, torch.Tensor] = field(default_factory=dict)  # non-negative diagnostics: max over valid tokens
 
 
 def per_rank_minibatch(batch: BatchConfig, ranks: int) -> int:
@@ -93,46 +80,7 @@ def fewest_parts(tokens: Sequence[int], budget: int) -> int:
     return count
 
 
-def combine(steps: list[dict[str, float]], peaks: set[str]) -> dict[str, float]:
-    """The optimizer steps' metrics as one: the mean of each, the maximum of the ``peaks``."""
+def mean_over_steps(steps: Sequence[dict[str, float]], maxima: Collection[str] = ()) -> dict[str, float]:
+    """The optimizer steps' metrics as one: the mean of each, the largest of the ``maxima``."""
     keys = steps[0].keys() if steps else ()
-    return {k: max(m[k] for m in steps) if k in peaks else sum(m[k] for m in steps) / len(steps) for k in keys}
-
-
-def train_minibatches(engine: TrainEngine, rows: DataBatch, config: LabConfig, ranks: int, seed: int,
-                      token_loss: Callable[[nn.Module, DataBatch], TokenLoss], apply: bool = True) -> dict[str, float]:
-    """One optimizer step per mini-batch of ``rows`` (this rank's share); the steps' combined metrics (``apply``:
-    ``TrainEngine.train_step``'s).
-
-    ``token_loss`` returns a ``TokenLoss``; its loss and terms are aggregated with ``algorithm.loss_agg``
-    (and the engine averages by that mode's units, tokens or sequences, over all micro-batches and ranks),
-    its means are token means over the step and its peaks maxima, whatever the loss mode.
-    """
-    batch, mode, norm = config.batch, config.algorithm.aggregation, config.rollout.max_new_tokens
-    mean_keys: set[str] = set()
-    peak_keys: set[str] = set()
-
-    def loss(module: nn.Module, micro: DataBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor | Peak]]:
-        mask = micro["response_mask"]
-        out = token_loss(module, micro)
-        valid = mask.bool()
-        mean_keys.update(out.means)
-        peak_keys.update(out.peaks)
-        # Token sums and the token count are both divided by the step's loss units, so their ratio is a token mean.
-        return aggregate(out.loss, mask, mode, norm)[0], {
-            **{k: aggregate(v, mask, mode, norm)[0] for k, v in out.terms.items()},
-            **{k: v[valid].sum() for k, v in out.means.items()}, TOKENS: valid.sum().double(),
-            **{k: Peak(torch.where(valid, v, torch.zeros_like(v)).max()) for k, v in out.peaks.items()},
-        }
-
-    def units(micro: DataBatch) -> float:
-        mask = micro["response_mask"]
-        return aggregate(torch.zeros_like(mask, dtype=torch.float32), mask, mode, norm)[1]
-
-    skip_nonfinite = config.trainer.on_nonfinite == "skip"
-    steps = []
-    for mini in minibatches(rows, per_rank_minibatch(batch, ranks), batch.update_epochs, seed):
-        result = engine.train_step(micro_batches(mini, batch, engine).parts, loss, units, skip_nonfinite, apply)
-        tokens = result.pop(TOKENS)
-        steps.append({k: v / tokens if k in mean_keys else v for k, v in result.items()})
-    return combine(steps, peak_keys)
+    return {k: max(m[k] for m in steps) if k in maxima else sum(m[k] for m in steps) / len(steps) for k in keys}

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow_lab.algorithms.losses import clipped_value_loss
+from hybridflow_lab.algorithms.losses import aggregate, clipped_value_loss, loss_units
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.engines import TrainingState
 from hybridflow_lab.engines.forward import response_values
 from hybridflow_lab.models.heads import load_scalar_model
 from hybridflow_lab.protocol import DataBatch
-from hybridflow_lab.workers.batching import TokenLoss, micro_batches, train_minibatches
+from hybridflow_lab.workers.batching import mean_over_steps, micro_batches
 from hybridflow_lab.workers.trained_role import TrainedRole
 
 
@@ -39,13 +39,24 @@ class CriticWorker(TrainedRole):
 
     @register(Dispatch.DP_COMPUTE)
     def update_critic(self, batch: DataBatch, seed: int = 0) -> DataBatch:
-        """Regress values on ``returns`` (needs ``values`` from before the update); metrics in meta."""
-        clip = self.config.algorithm.value_clip
-
-        def loss(module: torch.nn.Module, micro: DataBatch) -> TokenLoss:
-            value_loss, diagnostics = clipped_value_loss(self._values(module, micro), micro["values"],
-                                                         micro["returns"], micro["response_mask"], clip)
-            return TokenLoss(value_loss, means=diagnostics)
-
-        steps = train_minibatches(self.engine, batch, self.config, self.data_parallel_size, seed, loss)
-        return DataBatch(meta={"metrics": {f"critic/{'vf_loss' if k == 'loss' else k}": v for k, v in steps.items()}})
+        """Regress values on ``returns`` (needs ``values`` from before the update); metrics in meta. Optimizer steps
+        as the actor's (``ActorWorker.update_actor``)."""
+        algorithm, engine = self.config.algorithm, self.engine
+        mode, norm = algorithm.aggregation, self.config.rollout.max_new_tokens
+        steps = []
+        for micros in self.optimizer_steps(batch, seed):
+            metrics = engine.start_step(sum(loss_units(micro["response_mask"], mode, norm) for micro in micros))
+            for index, micro in enumerate(micros):
+                mask = micro["response_mask"]
+                with engine.accumulating(last=index == len(micros) - 1):
+                    with engine.precision():
+                        values = self._values(engine.module, micro)
+                        value_loss, diagnostics = clipped_value_loss(values, micro["values"], micro["returns"], mask,
+                                                                     algorithm.value_clip)
+                        loss_sum = aggregate(value_loss, mask, mode, norm)[0]
+                        metrics.add("loss", loss_sum)
+                        metrics.add_token_means(diagnostics, mask)
+                    engine.backward(loss_sum * metrics.scale)
+            steps.append(engine.step(metrics, self.config.trainer.on_nonfinite == "skip"))
+        return DataBatch(meta={"metrics": {f"critic/{'vf_loss' if k == 'loss' else k}": v
+                                           for k, v in mean_over_steps(steps).items()}})
