@@ -222,7 +222,8 @@ def test_a_fast_decoding_step_generates_with_each_updates_weights_under_deepspee
     step (the oneDNN step packs the weights anew each time). And DeepSpeed's forward hook on the actor's module,
     which starts a timer (``time.time``, which dynamo cannot trace) from its third step on, stays out of the step."""
     changing = ("actor.engine.backend=deepspeed", "algorithm.entropy_coef=0.1")  # weights change even at zero reward
-    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", *changing, f"rollout.decoding={decoding}"))
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", *changing,
+                                                           f"rollout.decoding={decoding}"))
     for _ in range(3):
         metrics = lab.step()
         assert metrics["actor/rollout_mismatch_max"] < 1e-4

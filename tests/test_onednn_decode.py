@@ -1,4 +1,4 @@
-"""The oneDNN decoding step (``rollout.onednn_decode``): the eager step's logits from weights packed for oneDNN."""
+"""The oneDNN decoding step (``rollout.decoding=onednn``): the eager step's logits from weights packed for oneDNN."""
 
 from __future__ import annotations
 
@@ -100,3 +100,11 @@ def test_the_onednn_step_refuses_what_it_cannot_run():
     sharded.tp = TensorParallel(rank=0, size=2)
     with pytest.raises(ValueError, match="without tensor parallelism"):
         PackedDecoder(sharded, rows=4)
+
+
+def test_the_onednn_step_refuses_an_architecture_it_does_not_mirror_by_name():
+    model = qwen2()
+    model.config.model_type = "mistral"  # a decoder the C++ step was not written for
+    with pytest.raises(ValueError, match="mirrors the qwen2 and llama decoders only, and this model's model_type is "
+                                         "'mistral'"):
+        PackedDecoder(model, rows=4)

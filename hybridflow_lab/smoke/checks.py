@@ -189,9 +189,9 @@ def reshard(setup: SmokeSetup) -> dict[str, Any]:
 
 def compiled(setup: SmokeSetup) -> dict[str, Any]:
     """The built-in engine's decoding step and the actor's and reference's layers compiled for the device
-    (``rollout.torch_compile``, ``actor.engine.torch_compile``): the log-probs it generates with are the compiled
+    (``rollout.decoding=compiled``, ``actor.engine.torch_compile``): the log-probs it generates with are the compiled
     training forward's, before and after an update."""
-    config = actor_config(setup, torch_compile=True, compiled_layers=True)
+    config = actor_config(setup, decoding="compiled", compiled_layers=True)
     with setup.group(Role(SmokeActor, config), meshes=SmokeActor.meshes(config), name="smoke-compiled") as actor:
         found = actor_round(actor)
     on_device = all_on(found["state_devices"], setup.device)
