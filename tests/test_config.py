@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+import sys
+from pathlib import Path
+
 import pytest
 
+import hybridflow_lab.config
 from hybridflow_lab.config import ConfigError, LabConfig, RolloutConfig, load_config, to_dict, validate
 from hybridflow_lab.dataflows.preflight import preflight
 from hybridflow_lab.models import create_model_dir
@@ -93,6 +98,22 @@ def test_model_files_that_cannot_serve_the_settings_fail_the_preflight(model_dir
 
 def test_the_rules_read_no_file(tmp_path):
     validate(load_config(LabConfig, overrides=[f"actor.model_path={tmp_path / 'nothing_here'}"]))
+
+
+RULE_MODULES = ("loading", "bounds", "batch_sizes", "rules", "presets")
+
+
+@pytest.mark.parametrize("module", RULE_MODULES)
+def test_the_rules_import_neither_torch_nor_model_code(module):
+    source = Path(hybridflow_lab.config.__file__).with_name(f"{module}.py")
+    imported = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            imported.add(node.module)
+        elif isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+    allowed = {name for name in imported if name.split(".")[0] in sys.stdlib_module_names | {"yaml"}}
+    assert {name for name in imported - allowed if not name.startswith("hybridflow_lab.config.")} == set()
 
 
 TWO_CONFLICTS = [  # a minibatch that does not divide the step, and a micro-batch that does not divide a rank's share

@@ -141,8 +141,8 @@ def load_config(cls: type[T], path: str | os.PathLike[str] | None = None, overri
 
 
 def from_given(cls: type[T], base: dict[str, Any], given: dict[str, Any]) -> T:
-    """``cls`` from ``base`` updated by what the user ``given``, refusing the values ``cls.REFUSED_IF_GIVEN`` names
-    (dotted key: the value, and why)."""
+    """``cls`` from ``base`` updated by what the user gave (``given``), refusing the values ``cls.REFUSED_IF_GIVEN``
+    names (dotted key: the value, and why)."""
     for key, (value, why) in getattr(cls, "REFUSED_IF_GIVEN", {}).items():
         node: Any = given
         for part in key.split("."):
