@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup
 from hybridflow_lab.controller.ray_backend import clock_offset
 from hybridflow_lab.telemetry import JsonlSink, Phase, Span, TelemetryStore, read_jsonl, span_table
+from tests.workers import Echo
 
 
 def test_store_stamps_the_current_step_and_notifies_listeners():
@@ -25,6 +27,24 @@ def test_store_keeps_only_the_newest_spans_in_memory():
     store = TelemetryStore(max_spans=5)
     store.record([Span(str(i), Phase.STAGE, i, i + 1) for i in range(8)])
     assert [s.name for s in store.spans()] == ["3", "4", "5", "6", "7"]
+
+
+def test_store_bound_holds_over_many_calls_while_the_jsonl_keeps_every_span(tmp_path):
+    store = TelemetryStore(max_spans=10)
+    sink = JsonlSink(tmp_path / "spans.jsonl").attach(store)
+    group = WorkerGroup(Role(Echo), ResourcePool(2), backend="local", telemetry=store)
+    try:
+        for step in range(6):
+            store.step = step
+            group.where()
+    finally:
+        group.shutdown()
+        sink.close()
+    on_disk = list(read_jsonl(tmp_path / "spans.jsonl"))
+    assert len(store) == store.max_spans == 10
+    assert store.recorded == len(on_disk) > 10
+    assert [s.step for s in on_disk if s.phase is Phase.CALL] == list(range(6))  # every call's spans on disk
+    assert store.spans() == on_disk[-10:]  # memory holds the newest
 
 
 def test_stage_context_records_duration_and_attrs():

@@ -14,12 +14,17 @@ from hybridflow_lab.telemetry.spans import Phase, Span
 
 Listener = Callable[[list[Span]], None]
 
+# about 200 steps of the standard workload (24 spans a step on 2 ranks), some 7 MB: every view of recent steps
+# has its spans, and a long run's controller stays flat; a sink (the run directory's spans.jsonl) keeps them all
+MAX_SPANS_IN_MEMORY = 5_000
+
 
 class TelemetryStore:
-    """Thread-safe span store. Keeps the newest ``max_spans`` in memory; sinks see every span."""
+    """Thread-safe span store. Keeps the newest ``max_spans`` in memory; sinks and listeners see every span."""
 
-    def __init__(self, max_spans: int = 200_000) -> None:
+    def __init__(self, max_spans: int = MAX_SPANS_IN_MEMORY) -> None:
         self._spans: deque[Span] = deque(maxlen=max_spans)
+        self.recorded = 0  # every span recorded, those no longer in memory included
         self._lock = threading.Lock()
         self._listeners: list[Listener] = []
         self._pollers: list[Callable[[], None]] = []
@@ -44,6 +49,7 @@ class TelemetryStore:
             return
         with self._lock:
             self._spans.extend(batch)
+            self.recorded += len(batch)
             listeners = list(self._listeners)
         for listener in listeners:
             listener(batch)
@@ -79,7 +85,13 @@ class TelemetryStore:
         with self._lock:
             self._spans.clear()
 
+    @property
+    def max_spans(self) -> int:
+        """How many spans the store keeps in memory (the newest)."""
+        return self._spans.maxlen or 0
+
     def __len__(self) -> int:
+        """The spans held in memory (at most ``max_spans``)."""
         return len(self._spans)
 
     @contextmanager
