@@ -14,9 +14,9 @@ from hybridflow_lab.telemetry.spans import Phase, Span
 
 Listener = Callable[[list[Span]], None]
 
-# about 200 steps of the standard workload (24 spans a step on 2 ranks), some 7 MB: every view of recent steps
-# has its spans, and a long run's controller stays flat; a sink (the run directory's spans.jsonl) keeps them all
-MAX_SPANS_IN_MEMORY = 5_000
+# about 80 steps of the standard workload (25 spans a step on 2 ranks), a few MB: every view of recent steps has
+# its spans, and a long run's controller stays flat; a sink (the run directory's spans.jsonl) keeps them all
+MAX_SPANS_IN_MEMORY = 2_000
 
 
 class TelemetryStore:
