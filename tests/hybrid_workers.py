@@ -37,14 +37,14 @@ class HybridEngineProbe(Worker):
     log-probs, then trains."""
 
     def __init__(self, model_dir: str, t: int, tg: int, torch_2_11: bool = False) -> None:
-        from hybridflow_lab.hybrid import STRATEGIES, HybridLayout
+        from hybridflow_lab.hybrid import STRATEGIES, ParallelLayout
         from hybridflow_lab.hybrid.reshard import Resharder, process_groups
 
         if torch_2_11:  # the collective's name the lent GPU machines' torch lacks (this rank's process only)
             del torch.distributed.all_gather_single
 
         full = load_causal_lm(model_dir)
-        layout = HybridLayout(t=t, tg=tg, d=self.world_size // t)
+        layout = ParallelLayout(t=t, tg=tg, d=self.world_size // t)
         groups = process_groups(self.device_mesh)
         self.model = shard_model(full, TensorParallel(t, layout.training_tp_rank(self.rank), groups.training_tp))
         self.resharders = {s: Resharder(self.model, layout, self.rank, groups, s) for s in STRATEGIES}

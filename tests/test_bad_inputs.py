@@ -21,9 +21,10 @@ import torch
 from hybridflow_lab.config import ConfigError
 from hybridflow_lab.config.presets import resolve_config
 from hybridflow_lab.dataflows import informative_batch
+from hybridflow_lab.hybrid import ParallelLayout
 from hybridflow_lab.models import char_tokenizer, create_model_dir
 from hybridflow_lab.models.tokenizers import CHARACTERS
-from hybridflow_lab.placement import ModelSizes, Placement
+from hybridflow_lab.placement import Placement
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.trainer.lab import Lab
 
@@ -149,7 +150,8 @@ def test_the_inputs_the_tables_break_work(models, tmp_path):
     for dataset in (Dataset("rows.jsonl", jsonl()), Dataset("rows.parquet", GOOD_COLUMNS)):
         lab = Lab(None, overrides=(*base, *dataset_overrides(write_dataset(tmp_path, dataset))), start=False)
         assert len(lab.task.source.examples) + len(lab.task.eval_examples) == len(GOOD_ROWS)
-    placement = Placement({"main": 2}, {"actor": "main"}, {"actor": ModelSizes(t=2, tg=2)}, engines={"actor": "torch"})
+    placement = Placement({"main": 2}, {"actor": "main"}, {"actor": ParallelLayout(t=2, tg=2)},
+                          engines={"actor": "torch"})
     assert Lab(None, overrides=base, placement=placement, start=False).config.actor.engine.tensor_parallel == 2
 
 
@@ -483,7 +485,7 @@ def test_bad_datasets_fail_before_start(case, models, tmp_path):
 # ----------------------------------------------------------------------------------------- placements
 
 PLACEMENT_CASES = [
-    Case("tp_above_pool_devices", Placement({"main": 2}, {"actor": "main"}, {"actor": ModelSizes(t=4, tg=4)}),
+    Case("tp_above_pool_devices", Placement({"main": 2}, {"actor": "main"}, {"actor": ParallelLayout(t=4, tg=4)}),
          ConfigError, ("placement.actor", "the 2 devices of pool 'main'"), "use t*p in [1, 2]"),
     Case("pool_without_devices", Placement({"main": 2}, {"actor": "gpus"}), ConfigError,
          ("placement.actor", "pool 'gpus' has no devices", "pools: {'main': 2}"),

@@ -9,7 +9,7 @@ import torch
 
 from hybridflow_lab.config import ConfigError, EngineConfig, validate
 from hybridflow_lab.controller import ResourcePool
-from hybridflow_lab.hybrid import HybridLayout, formula_bytes_per_rank
+from hybridflow_lab.hybrid import ParallelLayout, formula_bytes_per_rank
 from hybridflow_lab.models import create_model_dir, load_causal_lm
 from hybridflow_lab.models.tensor_parallel import split_dim
 from hybridflow_lab.telemetry import Phase
@@ -58,7 +58,7 @@ def test_tensor_parallel_actor_matches_one_process(ray_cluster, model_dir, t, tg
         actor.shutdown()
         reference.shutdown()
     to_generation = [s for s in spans if s.name == "reshard_to_generation"]
-    layout, model_bytes = HybridLayout(t, tg, 4 // t), sharded_bytes(model_dir)
+    layout, model_bytes = ParallelLayout(t=t, tg=tg, d=4 // t), sharded_bytes(model_dir)
     assert sorted(s.rank for s in to_generation) == sorted([0, 1, 2, 3] * 3)
     assert {s.bytes_moved for s in to_generation} == {formula_bytes_per_rank(strategy, layout, model_bytes)}
     assert {s.attrs["redundant_param_bytes"] for s in to_generation} == {0}

@@ -9,7 +9,7 @@ from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup
 from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.sampling import SamplingParams
 from hybridflow_lab.engines.torch_rollout import generate, sequences_batch
-from hybridflow_lab.hybrid import STRATEGIES, HybridLayout, formula_bytes_per_rank
+from hybridflow_lab.hybrid import STRATEGIES, ParallelLayout, formula_bytes_per_rank
 from hybridflow_lab.models import create_model_dir, load_causal_lm
 from hybridflow_lab.models.tensor_parallel import split_dim
 from hybridflow_lab.protocol import DataBatch
@@ -17,7 +17,7 @@ from tests.hybrid_workers import HybridEngineProbe
 
 
 def test_the_papers_figure_8_grouping():
-    layout = HybridLayout(t=4, tg=2, d=2)  # training 1-4-2, generation 1-2-2-2 on 8 ranks
+    layout = ParallelLayout(t=4, tg=2, d=2)  # training 1-4-2, generation 1-2-2-2 on 8 ranks
     assert layout.dg == 2
     assert layout.training_tp_groups() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert layout.generation_tp_groups() == [[0, 2], [1, 3], [4, 6], [5, 7]]
@@ -27,13 +27,25 @@ def test_the_papers_figure_8_grouping():
 
 
 def test_table_2_formulas():
-    layout, model = HybridLayout(t=4, tg=2, d=2), 1000
+    layout, model = ParallelLayout(t=4, tg=2, d=2), 1000
     assert formula_bytes_per_rank("hybridflow", layout, model) == pytest.approx(250)  # (4-2)/(2*4)
     assert formula_bytes_per_rank("hybridflow_v", layout, model) == pytest.approx(750)  # (4-1)/4
     assert formula_bytes_per_rank("ds_chat", layout, model) == pytest.approx(875)  # (8-1)/8
-    assert formula_bytes_per_rank("hybridflow", HybridLayout(t=4, tg=4), model) == 0
-    with pytest.raises(ValueError, match=r"generation TP 3 must divide training TP 4; use one of \[1, 2, 4\]"):
-        HybridLayout(t=4, tg=3)
+    assert formula_bytes_per_rank("hybridflow", ParallelLayout(t=4, tg=4), model) == 0
+    with pytest.raises(ValueError, match=r"tg=3 must divide t=4 .*; use tg in \[1, 2, 4\]"):
+        ParallelLayout(t=4, tg=3)
+
+
+def test_a_layout_refuses_a_size_below_one_naming_it():
+    with pytest.raises(ValueError, match=r"d=0: sizes are at least 1; use d >= 1"):
+        ParallelLayout(t=2, d=0)
+
+
+def test_the_hybrid_engine_refuses_pipeline_stages_naming_the_fix():
+    layout = ParallelLayout(t=2, p=2, tg=1)  # the simulator prices it; the engine has no pipeline meshes yet
+    assert (layout.world_size, layout.dg, layout.label()) == (4, 4, "t2 p2 d1 tg1")
+    with pytest.raises(ValueError, match=r"p=2, pg=1: the hybrid engine has no pipeline stages yet; use p=1 and pg=1"):
+        layout.meshes()
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +81,7 @@ def test_generation_after_resharding_equals_the_single_process_model(ray_cluster
     prompt_mask = torch.ones_like(prompt_ids)
     prompt_mask[1, :2] = 0
     train_ids = torch.randint(3, 100, (2, 10), generator=generator)
-    layout = HybridLayout(t=t, tg=tg, d=4 // t)
+    layout = ParallelLayout(t=t, tg=tg, d=4 // t)
     model_bytes = sum(p.numel() * p.element_size() for n, p in full.named_parameters() if split_dim(n) is not None)
     group = WorkerGroup(Role(HybridEngineProbe, model_dir, t, tg, torch_2_11), ResourcePool(4), meshes=layout.meshes(),
                         name=f"hybrid-{t}-{tg}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hybridflow_lab.hybrid import HybridLayout, formula_bytes_per_rank
+from hybridflow_lab.hybrid import ParallelLayout, formula_bytes_per_rank
 from hybridflow_lab.ui.layout_figure import RECEIVED, bytes_figure, shard_layout_figure
 
 
@@ -28,7 +28,7 @@ def labels(figure):
 
 
 def test_figure_8_layout_after_the_micro_dp_all_gather():
-    figure = shard_layout_figure(HybridLayout(t=4, tg=2, d=2))
+    figure = shard_layout_figure(ParallelLayout(t=4, tg=2, d=2))
     before, after = panel_bars(figure, "x"), panel_bars(figure, "x2")
     assert {shard: sorted(ranks) for shard, ranks in before.items()} == {
         "T0": [0, 4], "T1": [1, 5], "T2": [2, 6], "T3": [3, 7]}
@@ -45,13 +45,13 @@ def test_figure_8_layout_after_the_micro_dp_all_gather():
 
 
 def test_generation_tp_1_gathers_the_whole_training_tp_group():
-    figure = shard_layout_figure(HybridLayout(t=2, tg=1, d=2))
+    figure = shard_layout_figure(ParallelLayout(t=2, tg=1, d=2))
     assert set(labels(figure).values()) == {"G0 = T0+T1"}
     assert sum(pattern == RECEIVED for bars in panel_bars(figure, "x2").values() for pattern in bars.values()) == 4
 
 
 def test_nothing_changes_when_generation_tp_equals_training_tp():
-    figure = shard_layout_figure(HybridLayout(t=4, tg=4, d=1))
+    figure = shard_layout_figure(ParallelLayout(t=4, tg=4, d=1))
     before, after = panel_bars(figure, "x"), panel_bars(figure, "x2")
     assert after == before == {f"T{shard}": {shard: ""} for shard in range(4)}
     assert labels(figure) == {rank: f"G{rank} = T{rank}" for rank in range(4)}
@@ -59,7 +59,7 @@ def test_nothing_changes_when_generation_tp_equals_training_tp():
 
 
 def test_bytes_figure_has_a_bar_and_a_formula_marker_per_row():
-    layout, model_bytes = HybridLayout(t=4, tg=2), 1000
+    layout, model_bytes = ParallelLayout(t=4, tg=2), 1000
     rows = [{"strategy": strategy, "t": 4, "tg": 2, "bytes_per_rank": measured,
              "formula_bytes_per_rank": formula_bytes_per_rank(strategy, layout, model_bytes)}
             for strategy, measured in (("hybridflow", 250), ("hybridflow_v", 750), ("ds_chat", 700))]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from hybridflow_lab.config import ConfigError
+from hybridflow_lab.hybrid import ParallelLayout
 from hybridflow_lab.models import create_model_dir
-from hybridflow_lab.placement import ModelSizes, Placement
+from hybridflow_lab.placement import Placement
 from hybridflow_lab.placement.hardware import PROFILES
 from hybridflow_lab.placement.workload import Workload
 from hybridflow_lab.trainer.lab import Lab
@@ -26,7 +27,7 @@ def test_the_papers_named_layouts():
     assert colocated.used_pools() == {"main": list(PAPER_MODELS)} and colocated.devices_needed() == 16
     assert split.used_pools() == {"main": ["actor", "reference"], "critic": ["critic", "reward"]}
     assert split.devices_needed() == 96 and standalone.devices_needed() == 128
-    assert standalone.parallelism("critic").d == 32
+    assert standalone.size_of("critic").d == 32
 
 
 def test_yaml_round_trip_and_table(tmp_path):
@@ -45,10 +46,28 @@ def test_yaml_round_trip_and_table(tmp_path):
 
 def test_sizes_that_do_not_divide_the_pool_name_the_model_pool_and_number():
     with pytest.raises(ConfigError, match=r"t\*p = 3 does not divide the 4 devices of pool 'main'") as error:
-        Placement({"main": 4}, {"actor": "main"}, {"actor": ModelSizes(t=3)}).check_sizes()
+        Placement({"main": 4}, {"actor": "main"}, {"actor": ParallelLayout(t=3)}).check_sizes()
     assert error.value.key == "placement.actor"
-    with pytest.raises(ConfigError, match=r"tg\*pg = 4 does not divide t\*p = 2"):
-        Placement({"main": 4}, {"actor": "main"}, {"actor": ModelSizes(t=2, tg=4)}).check_sizes()
+
+
+def test_a_generation_tp_that_does_not_divide_the_training_tp_is_refused_naming_the_model_and_the_fix():
+    with pytest.raises(ConfigError, match=r"tg=4 must divide t=2 .*; use tg in \[1, 2\]") as error:
+        Placement.colocate_all(PAPER_MODELS, 4).with_sizes("actor", t=2, tg=4)
+    assert error.value.key == "placement.actor"
+    with pytest.raises(ConfigError, match=r"placement.critic: tg=3 must divide t=4"):
+        Placement.from_dict({"pools": {"main": 4}, "assignment": {"critic": "main"},
+                             "sizes": {"critic": {"t": 4, "tg": 3}}})
+
+
+def test_a_placement_refuses_setting_d_which_fills_the_pool():
+    with pytest.raises(ConfigError, match=r"placement.actor: unknown sizes \['d'\].*d fills the pool"):
+        Placement.colocate_all(PAPER_MODELS, 4).with_sizes("actor", d=2)
+
+
+def test_data_parallel_follows_the_pool_when_the_pool_changes():
+    placement = Placement.colocate_all(PAPER_MODELS, 16).with_sizes("actor", t=8, tg=2)
+    assert placement.size_of("actor") == ParallelLayout(t=8, d=2, tg=2)
+    assert placement.with_changes(pools={"main": 32}).size_of("actor") == ParallelLayout(t=8, d=4, tg=2)
 
 
 def test_memory_check_names_the_pool_each_models_share_and_the_device():
@@ -68,18 +87,18 @@ def test_what_the_lab_cannot_run_fails_with_the_fix():
     with pytest.raises(ConfigError, match="inside the actor's ranks; place it on the actor's pool 'main'"):
         apart.check_lab()
     with pytest.raises(ConfigError, match="the Lab has no pipeline parallelism"):
-        Placement({"main": 2}, {"actor": "main"}, {"actor": ModelSizes(p=2)}).check_lab()
+        Placement({"main": 2}, {"actor": "main"}, {"actor": ParallelLayout(p=2)}).check_lab()
 
 
 def test_a_lab_runs_a_placement_and_shows_its_own(model_dir, tmp_path):
     placement = Placement({"main": 2, "critic": 1}, {"actor": "main", "critic": "critic"},
-                          {"actor": ModelSizes(t=2, tg=1)}, engines={"actor": "torch", "critic": "torch"})
+                          {"actor": ParallelLayout(t=2, tg=1)}, engines={"actor": "torch", "critic": "torch"})
     lab = Lab("arithmetic_grpo", overrides=(f"actor.model_path={model_dir}", "algorithm.name=ppo",
                                             f"trainer.run_dir={tmp_path}"), placement=placement, start=False)
     config = lab.config
     assert (config.actor.ranks, config.actor.engine.tensor_parallel, config.rollout.tensor_parallel) == (2, 2, 1)
     assert (config.critic.pool, config.critic.ranks) == ("critic", 1)
-    assert lab.placement.pools == placement.pools and lab.placement.size_of("actor") == ModelSizes(t=2, tg=1)
+    assert lab.placement.pools == placement.pools and lab.placement.size_of("actor") == ParallelLayout(t=2, tg=1)
 
 
 def test_moving_the_actor_takes_the_models_inside_its_ranks_along():

@@ -11,14 +11,13 @@ import pytest
 from hybridflow_lab import cli
 from hybridflow_lab.bench.placement import misordered_pairs
 from hybridflow_lab.config.presets import resolve_config
-from hybridflow_lab.hybrid import HybridLayout, formula_bytes_per_rank
+from hybridflow_lab.hybrid import ParallelLayout, formula_bytes_per_rank
 from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.placement.automap import AutoMapper, ColocatedSet, compositions, plan_of, set_partitions
 from hybridflow_lab.placement.hardware import PROFILES, HardwareProfile, get_profile
 from hybridflow_lab.placement.report import compare_with_paper, plans_table
 from hybridflow_lab.placement.simulator import (
     ModelCost,
-    Parallelism,
     generation_s,
     reshard_s,
     resident_bytes,
@@ -48,7 +47,7 @@ def test_device_allocations_respect_minimums_and_units():
 def test_d_cost_adds_within_a_set_and_takes_the_slowest_set_per_stage():
     def cost(role, generation, preparation, training):
         stages = {"generation": generation, "preparation": preparation, "training": training}
-        return ModelCost(role, Parallelism(), stages, 0.0)
+        return ModelCost(role, ParallelLayout(), stages, 0.0)
 
     actor_set = ColocatedSet(("actor", "reference"), 8, (cost("actor", 10, 2, 5), cost("reference", 0, 3, 0)))
     critic_set = ColocatedSet(("critic",), 8, (cost("critic", 0, 6, 4),))
@@ -65,16 +64,16 @@ def test_llama_shapes_have_the_published_parameter_counts():
 
 def test_compute_bound_training_halves_with_twice_the_data_parallel_devices():
     workload, spec = Workload.paper_ppo("7B"), LLAMA["7B"]
-    small, large = (training_s(spec, Parallelism(8, 1, d), workload, A100) for d in (2, 4))
+    small, large = (training_s(spec, ParallelLayout(t=8, d=d), workload, A100) for d in (2, 4))
     assert 0.5 < large / small < 0.6  # the gradient all-reduce does not shrink with d
 
 
 def test_generation_is_memory_bound_and_needs_room_for_a_kv_cache():
     workload, spec = Workload.paper_ppo("7B"), LLAMA["7B"]
-    roomy = generation_s(spec, Parallelism(8, 1, 2, 2), workload, A100, 40 * 2**30)
-    cramped = generation_s(spec, Parallelism(8, 1, 2, 2), workload, A100, 6 * 2**30)
+    roomy = generation_s(spec, ParallelLayout(t=8, d=2, tg=2), workload, A100, 40 * 2**30)
+    cramped = generation_s(spec, ParallelLayout(t=8, d=2, tg=2), workload, A100, 6 * 2**30)
     assert cramped > roomy  # fewer sequences per wave, more waves
-    assert generation_s(spec, Parallelism(8, 1, 2, 2), workload, A100, 2**30) == math.inf
+    assert generation_s(spec, ParallelLayout(t=8, d=2, tg=2), workload, A100, 2**30) == math.inf
 
 
 def test_token_budget_micro_batches_size_the_simulated_activations_and_pipeline_bubble(tmp_path):
@@ -85,11 +84,11 @@ def test_token_budget_micro_batches_size_the_simulated_activations_and_pipeline_
     by_tokens = workload_from_config(resolve_config(
         "arithmetic_grpo", [*overrides, f"batch.micro_batch_tokens_per_rank={16 * longest}"]))
     assert (by_sequences.tokens_per_micro_batch, by_tokens.tokens_per_micro_batch) == (4 * longest, 16 * longest)
-    spec, single = by_sequences.models["actor"], Parallelism(1, 1, 1)
+    spec, single = by_sequences.models["actor"], ParallelLayout()
     extra = resident_bytes("actor", spec, single, by_tokens) - resident_bytes("actor", spec, single, by_sequences)
     assert extra == 12 * longest * spec.hidden * 4 * (spec.layers + 16)  # 12 more full sequences' layer inputs, float32
 
-    paper, pipelined = Workload.paper_ppo("7B"), Parallelism(2, 4, 2)
+    paper, pipelined = Workload.paper_ppo("7B"), ParallelLayout(t=2, p=4, d=2)
     same = dataclasses.replace(paper, micro_batch_tokens=paper.micro_batch_sequences * paper.sequence_tokens)
     fewer = dataclasses.replace(paper, micro_batch_tokens=64 * paper.sequence_tokens)
     assert training_s(LLAMA["7B"], pipelined, same, A100) == training_s(LLAMA["7B"], pipelined, paper, A100)
@@ -98,9 +97,10 @@ def test_token_budget_micro_batches_size_the_simulated_activations_and_pipeline_
 
 def test_reshard_cost_is_table_2_bytes_over_the_link():
     workload, spec = Workload.paper_ppo("7B"), LLAMA["7B"]
-    moved = formula_bytes_per_rank("hybridflow", HybridLayout(8, 2, 2), spec.params * 2)
-    assert reshard_s(spec, Parallelism(8, 1, 2, 2), workload, A100) == pytest.approx(moved / A100.intra_node_bandwidth)
-    assert reshard_s(spec, Parallelism(8, 1, 2, 8), workload, A100) == 0.0
+    layout = ParallelLayout(t=8, d=2, tg=2)
+    moved = formula_bytes_per_rank("hybridflow", layout, spec.params * 2)
+    assert reshard_s(spec, layout, workload, A100) == pytest.approx(moved / A100.intra_node_bandwidth)
+    assert reshard_s(spec, ParallelLayout(t=8, d=2, tg=8), workload, A100) == 0.0
 
 
 def test_a_model_too_big_for_the_devices_gets_no_plan():
@@ -117,8 +117,8 @@ def test_search_ranks_plans_and_restricts_them_as_asked():
         assert any({"actor", "reference"} <= set(s.roles) for s in plan.sets)
         assert sum(s.devices for s in plan.sets) == 32
         for model in (c for s in plan.sets for c in s.costs):
-            assert model.parallel.p == 1 and (model.parallel.t == 1 or model.role == "actor")
-            assert model.parallel.devices == next(s.devices for s in plan.sets if model in s.costs)
+            assert model.layout.p == 1 and (model.layout.t == 1 or model.role == "actor")
+            assert model.layout.world_size == next(s.devices for s in plan.sets if model in s.costs)
         assert all(s.memory_bytes <= A100.memory_bytes for s in plan.sets)
     assert len(list(mapper.placements())) == 5  # the partitions of 4 models with actor and reference together
 
@@ -187,7 +187,7 @@ def test_the_labs_reference_follows_the_actors_tensor_parallel_sizes(tmp_path):
     mapper = lab_mapper(config, 4, PROFILES["cpu"])
     for devices in (1, 2, 4):
         actor, reference = mapper.best_for_set(("actor", "reference"), devices).costs
-        assert (reference.parallel.t, reference.parallel.d) == (actor.parallel.t, actor.parallel.d)
+        assert (reference.layout.t, reference.layout.d) == (actor.layout.t, actor.layout.d)
     suggestions = suggest(config, 4)
     assert suggestions and all(s.plan.size_of("reference").t == s.plan.size_of("actor").t for s in suggestions)
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from hybridflow_lab.hybrid import ParallelLayout
 from hybridflow_lab.placement.automap import AutoMapper, ColocatedSet, plan_of
 from hybridflow_lab.placement.hardware import get_profile
-from hybridflow_lab.placement.simulator import ModelCost, Parallelism
+from hybridflow_lab.placement.simulator import ModelCost
 from hybridflow_lab.placement.workload import Workload
 from hybridflow_lab.ui.plan_figure import plan_gantt, predicted_vs_measured
 
@@ -15,7 +16,7 @@ STAGES = ("generation", "preparation", "training")
 
 def colocated(devices, **seconds_by_role):
     """A set whose roles cost the given (generation, preparation, training) seconds."""
-    costs = tuple(ModelCost(role, Parallelism(d=devices), dict(zip(STAGES, seconds, strict=True)), 0.0)
+    costs = tuple(ModelCost(role, ParallelLayout(d=devices), dict(zip(STAGES, seconds, strict=True)), 0.0)
                   for role, seconds in seconds_by_role.items())
     return ColocatedSet(tuple(seconds_by_role), devices, costs)
 

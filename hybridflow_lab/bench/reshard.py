@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from hybridflow_lab.controller import Dispatch, ResourcePool, Role, Worker, WorkerGroup, init_cluster, register
-from hybridflow_lab.hybrid import STRATEGIES, HybridLayout, formula_bytes_per_rank
+from hybridflow_lab.hybrid import STRATEGIES, ParallelLayout, formula_bytes_per_rank
 from hybridflow_lab.hybrid.reshard import Resharder, process_groups
 from hybridflow_lab.models import create_model_dir, load_causal_lm
 from hybridflow_lab.models.decoder import shard_model
@@ -29,7 +29,7 @@ class ReshardBenchWorker(Worker):
 
     def __init__(self, model_dir: str, t: int, tg: int) -> None:
         full = load_causal_lm(model_dir)
-        layout = HybridLayout(t=t, tg=tg, d=self.world_size // t)
+        layout = ParallelLayout(t=t, tg=tg, d=self.world_size // t)
         groups = process_groups(self.device_mesh)
         model = shard_model(full, TensorParallel(t, layout.training_tp_rank(self.rank), groups.training_tp))
         del full
@@ -56,7 +56,7 @@ def run(repeats: int = 5, warmup: int = 1, size: str = "small", layouts: tuple[t
         full = load_causal_lm(model_dir)
         model_bytes = sum(p.numel() * p.element_size() for n, p in full.named_parameters() if split_dim(n) is not None)
         for t, tg in layouts:
-            layout = HybridLayout(t=t, tg=tg, d=ranks // t)
+            layout = ParallelLayout(t=t, tg=tg, d=ranks // t)
             group = WorkerGroup(Role(ReshardBenchWorker, str(model_dir), t, tg), ResourcePool(ranks),
                                 meshes=layout.meshes(), name=f"reshard-bench-{t}-{tg}")
             try:
@@ -69,7 +69,7 @@ def run(repeats: int = 5, warmup: int = 1, size: str = "small", layouts: tuple[t
             "repeats": repeats, "results": rows, "goal": _goal(rows)}
 
 
-def _row(strategy: str, layout: HybridLayout, model_bytes: int, per_rank: list[list[dict[str, Any]]]) -> dict:
+def _row(strategy: str, layout: ParallelLayout, model_bytes: int, per_rank: list[list[dict[str, Any]]]) -> dict:
     seconds = [max(rank[i]["seconds"] for rank in per_rank) for i in range(len(per_rank[0]))]
     first = [rank[0] for rank in per_rank]
     return {"strategy": strategy, "t": layout.t, "tg": layout.tg,

@@ -30,7 +30,7 @@ from hybridflow_lab.controller.memory import device_used_mib
 from hybridflow_lab.controller.mesh import Mesh
 from hybridflow_lab.engines.train_base import TrainEngine
 from hybridflow_lab.engines.weight_fingerprint import check_fingerprints, fingerprints, tensor_fingerprint
-from hybridflow_lab.hybrid.layout import HybridLayout
+from hybridflow_lab.hybrid.layout import ParallelLayout
 from hybridflow_lab.hybrid.reshard import Groups, Resharder, TransitionStats
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.models.decoder import DecoderLM
@@ -42,12 +42,12 @@ SpanFn = Callable[..., AbstractContextManager[dict[str, Any]]]
 WeightSink = Callable[[Iterable[tuple[str, torch.Tensor]]], Mapping[str, Any]]
 
 
-def actor_layout(config: LabConfig) -> HybridLayout:
+def actor_layout(config: LabConfig) -> ParallelLayout:
     """The actor's training (TP ``actor.engine.tensor_parallel``) and generation (TP ``rollout.tensor_parallel``)
     layouts over its ``actor.ranks``. vLLM is fed full weights and shards them itself: its layout has ``tg`` 1."""
     t = config.actor.engine.tensor_parallel
     tg = 1 if config.rollout.engine == "vllm" else config.rollout.tensor_parallel
-    return HybridLayout(t=t, tg=tg, d=config.actor.ranks // t)
+    return ParallelLayout(t=t, tg=tg, d=config.actor.ranks // t)
 
 
 def actor_meshes(config: LabConfig) -> dict[str, Mesh]:

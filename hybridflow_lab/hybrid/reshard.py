@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hybridflow_lab.hybrid.layout import STRATEGIES, HybridLayout
+from hybridflow_lab.hybrid.layout import STRATEGIES, ParallelLayout
 from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.models.tensor_parallel import TensorParallel, split_dim
 
@@ -64,7 +64,7 @@ def all_gather_rows(output: torch.Tensor, shard: torch.Tensor, group: Any) -> An
 
 
 def process_groups(device_mesh: Any) -> Groups:
-    """The groups of ``HybridLayout.meshes()``, from a worker's ``device_mesh(name)`` accessor."""
+    """The groups of ``ParallelLayout.meshes()``, from a worker's ``device_mesh(name)`` accessor."""
     return Groups(micro_dp=device_mesh("regroup").get_group("micro_dp"),
                   training_tp=device_mesh("train").get_group("tp"),
                   generation_tp=device_mesh("generate").get_group("tp"), world=dist.group.WORLD)
@@ -92,7 +92,7 @@ class Resharder:
     gathered buffers; ``to_training()`` releases them. Both return ``TransitionStats``.
     """
 
-    def __init__(self, train_model: DecoderLM, layout: HybridLayout, rank: int, groups: Groups,
+    def __init__(self, train_model: DecoderLM, layout: ParallelLayout, rank: int, groups: Groups,
                  strategy: str = "hybridflow") -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")

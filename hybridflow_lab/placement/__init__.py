@@ -1,5 +1,5 @@
 """Placement: which device pool each model runs on, its parallel sizes, and the auto-mapping search."""
 
-from hybridflow_lab.placement.plan import ModelSizes, Placement, Suggestion
+from hybridflow_lab.placement.plan import Placement, Suggestion
 
-__all__ = ["ModelSizes", "Placement", "Suggestion"]
+__all__ = ["Placement", "Suggestion"]

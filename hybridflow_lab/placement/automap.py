@@ -15,8 +15,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 
+from hybridflow_lab.hybrid.layout import ParallelLayout
 from hybridflow_lab.placement.hardware import GIB, HardwareProfile
-from hybridflow_lab.placement.simulator import MEMORY_RESERVE, ModelCost, Parallelism, model_cost, resident_bytes
+from hybridflow_lab.placement.simulator import MEMORY_RESERVE, ModelCost, model_cost, resident_bytes
 from hybridflow_lab.placement.workload import Workload
 
 
@@ -36,7 +37,7 @@ class ColocatedSet:
         return sum(cost.memory_bytes for cost in self.costs)
 
     def describe(self) -> str:
-        parts = ", ".join(f"{c.role} {c.parallel.label()}" for c in self.costs)
+        parts = ", ".join(f"{c.role} {c.layout.label()}" for c in self.costs)
         return f"{'+'.join(self.roles)} on {self.devices} ({parts})"
 
 
@@ -72,8 +73,8 @@ class MappingPlan:
         return {"kind": self.kind, "total_s": round(self.total_s, 4), "controller_s": round(self.controller_s, 4),
                 "stage_s": {k: round(v, 4) for k, v in self.stage_s.items()},
                 "sets": [{"roles": list(s.roles), "devices": s.devices,
-                          "models": {c.role: {"t": c.parallel.t, "p": c.parallel.p, "d": c.parallel.d,
-                                              "tg": c.parallel.tg, "memory_gib": round(c.memory_bytes / GIB, 3),
+                          "models": {c.role: {"t": c.layout.t, "p": c.layout.p, "d": c.layout.d,
+                                              "tg": c.layout.tg, "memory_gib": round(c.memory_bytes / GIB, 3),
                                               "stage_s": {k: round(v, 4) for k, v in c.stage_s.items()}}
                                      for c in s.costs}} for s in self.sets]}
 
@@ -128,7 +129,7 @@ class AutoMapper:
         self.best_for_set = cache(self._best_for_set)
 
     # ------------------------------------------------------------------ Algorithm 2
-    def parallel_choices(self, role: str, devices: int) -> list[Parallelism]:
+    def parallel_choices(self, role: str, devices: int) -> list[ParallelLayout]:
         """(t, p, d) with t*p*d = ``devices``: t a power of two splitting the heads, within a node; p splitting
         the layers; the actor also sweeps its generation ``tg`` (dividing t)."""
         spec = self.workload.models[role]
@@ -140,7 +141,7 @@ class AutoMapper:
                 if spec.layers % p or devices % (t * p):
                     continue
                 tgs = [g for g in sizes if t % g == 0] if role == "actor" else [t]
-                choices += [Parallelism(t, p, devices // (t * p), tg) for tg in tgs]
+                choices += [ParallelLayout(t=t, p=p, d=devices // (t * p), tg=tg) for tg in tgs]
         return choices
 
     def _best_for_set(self, roles: tuple[str, ...], devices: int) -> ColocatedSet | None:

@@ -86,7 +86,7 @@ class StandardRun:
 
 def profile_from_run(run: StandardRun) -> tuple[HardwareProfile, dict[str, Any]]:
     """The calibrated CPU profile from a one-rank run of the standard workload, and the measurements behind it."""
-    if run.placement.parallelism("actor").devices != 1:
+    if run.placement.size_of("actor").world_size != 1:
         raise ValueError("calibration needs a run of the standard workload on one actor rank")
     execute = {stage: statistics.median(s.duration for s in run.spans if s.name == method)
                for stage, method in MODEL_STAGES.items()}

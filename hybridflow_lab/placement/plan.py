@@ -10,31 +10,37 @@ through YAML.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from hybridflow_lab.config import ConfigError, LabConfig
+from hybridflow_lab.config.batch_sizes import divisors
 from hybridflow_lab.config.presets import resolve_config
 from hybridflow_lab.dataflows import RunNeeds, check_config
+from hybridflow_lab.hybrid.layout import ParallelLayout
 from hybridflow_lab.placement.hardware import GIB, HardwareProfile
 from hybridflow_lab.placement.report import text_table
-from hybridflow_lab.placement.simulator import MEMORY_RESERVE, Parallelism, resident_bytes
+from hybridflow_lab.placement.simulator import MEMORY_RESERVE, resident_bytes
 from hybridflow_lab.placement.workload import ROLES, Workload
 
 INSIDE_ACTOR = ("reference", "reward", "cost")  # the Lab runs these in the actor's processes
+SIZES = ("t", "p", "tg", "pg")  # a model's sizes in a placement; d fills its pool
 
 
-@dataclass(frozen=True)
-class ModelSizes:
-    """Training TP ``t`` and pipeline ``p`` (data parallel fills the pool); generation ``tg`` and ``pg`` (actor)."""
-
-    t: int = 1
-    p: int = 1
-    tg: int = 1
-    pg: int = 1
+def _sized(model: str, layout: ParallelLayout, sizes: Mapping[str, int]) -> ParallelLayout:
+    """``layout`` with ``sizes`` changed; a size that is unknown or impossible raises ``ConfigError`` naming
+    ``placement.<model>``."""
+    if unknown := sorted(set(sizes) - set(SIZES)):
+        raise ConfigError(f"placement.{model}", f"unknown sizes {unknown}; a model's sizes are {list(SIZES)} (data "
+                          "parallel d fills the pool)")
+    try:
+        return replace(layout, **sizes)
+    except ValueError as error:
+        raise ConfigError(f"placement.{model}", str(error)) from None
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,8 @@ class Suggestion:
 
 @dataclass(frozen=True)
 class Placement:
-    """``pools``: device count per pool name; ``assignment``: model -> pool; ``sizes``: model -> parallel sizes.
+    """``pools``: device count per pool name; ``assignment``: model -> pool; ``sizes``: model -> layout, whose
+    data parallel ``d`` is set to fill the model's pool.
 
     ``engines`` and ``zero_stages`` hold the trained models' training backends; ``devices_per_node``
     (0: one node) says where a pool's devices sit.
@@ -56,10 +63,18 @@ class Placement:
 
     pools: dict[str, int]
     assignment: dict[str, str]
-    sizes: dict[str, ModelSizes] = field(default_factory=dict)
+    sizes: dict[str, ParallelLayout] = field(default_factory=dict)
     engines: dict[str, str] = field(default_factory=dict)
     zero_stages: dict[str, int] = field(default_factory=dict)
     devices_per_node: int = 0
+
+    def __post_init__(self) -> None:
+        # d is not chosen but follows the pool, so a layout stays whole when pools or sizes change
+        object.__setattr__(self, "sizes", {model: self._filled(model, layout) for model, layout in self.sizes.items()})
+
+    def _filled(self, model: str, layout: ParallelLayout) -> ParallelLayout:
+        devices = self.pools.get(self.assignment.get(model, ""), 0)
+        return replace(layout, d=max(1, devices // (layout.t * layout.p)))
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -71,8 +86,13 @@ class Placement:
         assignment = {role: getattr(config, role).pool for role in roles}
         inside = (["reference"] if needs.reference_model else []) + (["reward"] if needs.reward_model else [])
         assignment.update(dict.fromkeys(inside, config.actor.pool))
-        actor = ModelSizes(t=config.actor.engine.tensor_parallel, tg=config.rollout.tensor_parallel)
-        sizes = {"actor": actor, **({"reference": ModelSizes(t=actor.t, tg=actor.t)} if "reference" in inside else {})}
+        t, tg = config.actor.engine.tensor_parallel, config.rollout.tensor_parallel
+        if t % tg:  # vLLM may shard generation over more ranks than a training shard group
+            raise ConfigError("rollout.tensor_parallel", f"generation TP {tg} does not divide the actor's training TP "
+                              f"{t}, so the run has no placement (its generation shards are not whole training "
+                              f"shards); a placement needs rollout.tensor_parallel in {divisors(t)}")
+        actor = ParallelLayout(t=t, tg=tg)
+        sizes = {"actor": actor, **({"reference": ParallelLayout(t=t, tg=t)} if "reference" in inside else {})}
         return cls(pools=config.pool_slots(roles), assignment=assignment, sizes=sizes,
                    engines={role: getattr(config, role).engine.backend for role in roles},
                    zero_stages={role: getattr(config, role).engine.zero_stage for role in roles})
@@ -105,17 +125,13 @@ class Placement:
                        assignment={**self.assignment, **dict.fromkeys([model, *followers], pool)})
 
     def with_sizes(self, model: str, **sizes: int) -> Placement:
-        """This placement with some of ``model``'s parallel sizes changed."""
-        return replace(self, sizes={**self.sizes, model: replace(self.size_of(model), **sizes)})
+        """This placement with some of ``model``'s sizes (``t``, ``p``, ``tg``, ``pg``) changed."""
+        return replace(self, sizes={**self.sizes, model: _sized(model, self.size_of(model), sizes)})
 
     # ------------------------------------------------------------------ reading
-    def size_of(self, model: str) -> ModelSizes:
-        return self.sizes.get(model, ModelSizes())
-
-    def parallelism(self, model: str) -> Parallelism:
-        """``model``'s sizes with data parallel filling its pool (checked by ``check_sizes``)."""
-        sizes, devices = self.size_of(model), self.pools[self.assignment[model]]
-        return Parallelism(sizes.t, sizes.p, max(1, devices // (sizes.t * sizes.p)), sizes.tg)
+    def size_of(self, model: str) -> ParallelLayout:
+        """``model``'s layout, data parallel filling its pool (``check_sizes`` checks that it does evenly)."""
+        return self.sizes.get(model) or self._filled(model, ParallelLayout())
 
     def used_pools(self) -> dict[str, list[str]]:
         """Each pool that has models, with its models in assignment order."""
@@ -138,9 +154,9 @@ class Placement:
         """One line per model: its pool, devices and parallel sizes."""
         header = ("model", "pool", "devices", "t", "p", "d", "tg", "pg", "engine")
         return text_table([header] + [
-            (model, pool, str(self.pools[pool]), *map(str, (par.t, par.p, par.d, par.tg, self.size_of(model).pg)),
+            (model, pool, str(self.pools[pool]), *map(str, (par.t, par.p, par.d, par.tg, par.pg)),
              self.engines.get(model, "-"))
-            for model, pool in self.assignment.items() for par in [self.parallelism(model)]])
+            for model, pool in self.assignment.items() for par in [self.size_of(model)]])
 
     def _repr_html_(self) -> str:
         lines = self.table().splitlines()
@@ -152,7 +168,8 @@ class Placement:
     # ------------------------------------------------------------------ YAML
     def to_dict(self) -> dict[str, Any]:
         return {"pools": dict(self.pools), "assignment": dict(self.assignment),
-                "sizes": {m: asdict(s) for m, s in self.sizes.items()}, "engines": dict(self.engines),
+                "sizes": {m: {size: getattr(s, size) for size in SIZES} for m, s in self.sizes.items()},
+                "engines": dict(self.engines),
                 "zero_stages": dict(self.zero_stages), "devices_per_node": self.devices_per_node}
 
     @classmethod
@@ -160,7 +177,7 @@ class Placement:
         known = {"pools", "assignment", "sizes", "engines", "zero_stages", "devices_per_node"}
         if unknown := set(data) - known:
             raise ConfigError("placement", f"unknown keys {sorted(unknown)}; a placement has {sorted(known)}")
-        sizes = {m: ModelSizes(**s) for m, s in (data.get("sizes") or {}).items()}
+        sizes = {m: _sized(m, ParallelLayout(), s) for m, s in (data.get("sizes") or {}).items()}
         return cls(dict(data["pools"]), dict(data["assignment"]), sizes, dict(data.get("engines") or {}),
                    dict(data.get("zero_stages") or {}), int(data.get("devices_per_node", 0)))
 
@@ -179,7 +196,8 @@ class Placement:
 
     # ------------------------------------------------------------------ checks
     def check_sizes(self) -> None:
-        """Every model on a known pool whose devices its ``t * p`` divide, and ``tg * pg`` dividing ``t * p``."""
+        """Every model on a known pool whose devices its ``t * p`` divide (a ``ParallelLayout`` itself holds
+        ``tg`` dividing ``t`` and ``pg`` dividing ``p``)."""
         for model, pool in self.assignment.items():
             if model not in ROLES:
                 raise ConfigError(f"placement.{model}", f"unknown model; models are {ROLES}")
@@ -189,12 +207,8 @@ class Placement:
                                   f"assign {model} to one of {with_devices} or give {pool!r} devices")
             sizes, devices = self.size_of(model), self.pools[pool]
             if devices % (sizes.t * sizes.p):
-                usable = [n for n in range(1, devices + 1) if devices % n == 0]
                 raise ConfigError(f"placement.{model}", f"t*p = {sizes.t * sizes.p} does not divide the {devices} "
-                                  f"devices of pool {pool!r}; use t*p in {usable}")
-            if (sizes.t * sizes.p) % (sizes.tg * sizes.pg):
-                raise ConfigError(f"placement.{model}", f"tg*pg = {sizes.tg * sizes.pg} does not divide t*p = "
-                                  f"{sizes.t * sizes.p}: each generation shard must be whole training shards")
+                                  f"devices of pool {pool!r}; use t*p in {divisors(devices)}")
 
     def check_memory(self, workload: Workload, hardware: HardwareProfile) -> None:
         """Each pool's models fit in one device's memory, with room for the actor's generation shard and one
@@ -202,15 +216,15 @@ class Placement:
         self.check_sizes()
         capacity = hardware.memory_bytes * MEMORY_RESERVE
         for pool, models in self.used_pools().items():
-            needs = {m: resident_bytes(m, workload.models[m], self.parallelism(m), workload)
+            needs = {m: resident_bytes(m, workload.models[m], self.size_of(m), workload)
                      for m in models if m in workload.models}
             if "actor" in needs:
-                actor, par = workload.models["actor"], self.parallelism("actor")
+                actor, par = workload.models["actor"], self.size_of("actor")
                 needs["actor"] += actor.params * workload.dtype_bytes * (1 / par.tg - 1 / (par.t * par.p)) + \
                     actor.kv_bytes_per_token(workload.dtype_bytes) * workload.sequence_tokens / par.tg
             total = sum(needs.values())
             if total > capacity:
-                shares = ", ".join(f"{m} {self.parallelism(m).label()} {b / GIB:.2f} GiB" for m, b in needs.items())
+                shares = ", ".join(f"{m} {self.size_of(m).label()} {b / GIB:.2f} GiB" for m, b in needs.items())
                 raise ConfigError(f"placement.{pool}", f"the models on pool {pool!r} need {total / GIB:.2f} GiB"
                                   f" per device ({shares}) but each {hardware.name} device has {capacity / GIB:.2f} "
                                   "GiB usable; give the pool more devices, raise t or p, or move a model to "
@@ -274,8 +288,13 @@ class Placement:
     def tensor_parallel_choices(self, config: LabConfig, devices: int, which: str = "tg") -> list[int]:
         """The actor's generation (``which="tg"``) or training (``"t"``) TP sizes that make a valid placement."""
         actor_slots = self.pools[self.assignment["actor"]]
-        return [tp for tp in range(1, actor_slots + 1)
-                if self.with_actor_tp(which, tp).problem(config, devices) is None]
+        return [tp for tp in range(1, actor_slots + 1) if self._actor_tp_problem(which, tp, config, devices) is None]
+
+    def _actor_tp_problem(self, which: str, tp: int, config: LabConfig, devices: int) -> str | None:
+        try:
+            return self.with_actor_tp(which, tp).problem(config, devices)
+        except ConfigError as error:  # a tg that does not divide t
+            return str(error)
 
     def with_actor_tp(self, which: str, tp: int) -> Placement:
         """The actor's ``t`` or ``tg`` set to ``tp``; the reference follows the actor's ``t``."""

@@ -20,9 +20,9 @@ def predict(placement: Placement, workload: Workload, hardware: HardwareProfile,
         roles = tuple(m for m in models if m in workload.models)
         if not roles:
             continue
-        parallel = {m: placement.parallelism(m) for m in roles}
-        resident = sum(resident_bytes(m, workload.models[m], parallel[m], workload) for m in roles)
+        layouts = {m: placement.size_of(m) for m in roles}
+        resident = sum(resident_bytes(m, workload.models[m], layouts[m], workload) for m in roles)
         free = hardware.memory_bytes * MEMORY_RESERVE - resident
-        costs = tuple(model_cost(m, workload.models[m], parallel[m], workload, hardware, free) for m in roles)
+        costs = tuple(model_cost(m, workload.models[m], layouts[m], workload, hardware, free) for m in roles)
         sets.append(ColocatedSet(roles, placement.pools[pool], costs))
     return plan_of(tuple(sets), workload.stages, concurrent, hardware.step_overhead_s)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.placement.automap import AutoMapper, MappingPlan
 from hybridflow_lab.placement.hardware import HardwareProfile, get_profile
-from hybridflow_lab.placement.plan import ModelSizes, Placement, Suggestion
+from hybridflow_lab.placement.plan import Placement, Suggestion
 from hybridflow_lab.placement.workload import workload_from_config
 
 LAB_LIMITS = {"together": ("actor", "reference", "reward"), "max_pipeline": 1, "tensor_parallel_roles": ("actor",),
@@ -40,7 +40,7 @@ def as_placement(plan: MappingPlan, config: LabConfig) -> Placement:
         pools[pool] = colocated.devices
         for cost in colocated.costs:
             assignment[cost.role] = pool
-            sizes[cost.role] = ModelSizes(cost.parallel.t, cost.parallel.p, cost.parallel.tg)
+            sizes[cost.role] = cost.layout
     engines = dict(current.engines)
     if sizes["actor"].t > 1:
         engines["actor"] = "torch"  # tensor-parallel training runs on the torch engine

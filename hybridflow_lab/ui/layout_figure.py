@@ -14,13 +14,13 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from hybridflow_lab.hybrid import STRATEGIES, HybridLayout
+from hybridflow_lab.hybrid import STRATEGIES, ParallelLayout
 
 COLORS = qualitative.Plotly
 RECEIVED = "/"  # bar pattern of a block that arrived from another rank
 
 
-def shard_layout_figure(layout: HybridLayout) -> go.Figure:
+def shard_layout_figure(layout: ParallelLayout) -> go.Figure:
     """Left: each rank's training shard (TP ``t``). Right: its generation shard (TP ``tg``), boxed by micro-DP group.
 
     The right panel's text trace ``"generation shard"`` names each rank's shard (``G0``); its hover text says
@@ -32,8 +32,8 @@ def shard_layout_figure(layout: HybridLayout) -> go.Figure:
     pieces = {rank: [layout.training_tp_rank(peer) for peer in group_of[rank]] for rank in ranks}
     tp_group_of = {rank: group for group in layout.generation_tp_groups() for rank in group}
     figure = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04, subplot_titles=(
-        f"training  p-t-d = 1-{t}-{layout.d}",
-        f"generation  pg-tg-dg-d = 1-{layout.tg}-{layout.dg}-{layout.d}  (hatched: received)"))
+        f"training  p-t-d = {layout.p}-{t}-{layout.d}",
+        f"generation  pg-tg-dg-d = {layout.pg}-{layout.tg}-{layout.dg}-{layout.d}  (hatched: received)"))
     for shard in range(t):
         style = {"marker_color": COLORS[shard % len(COLORS)], "legendgroup": f"T{shard}", "base": shard,
                  "text": f"T{shard}", "textposition": "inside", "insidetextanchor": "middle", "width": 0.8}
