@@ -33,7 +33,7 @@ from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
 from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.seeds import derive_seed
-from hybridflow_lab.workers.batching import mean_over_steps, micro_batches, minibatches
+from hybridflow_lab.workers.batching import mean_over_steps, micro_batches, minibatches, optimizer_steps
 from hybridflow_lab.workers.generation import responses_batch
 from hybridflow_lab.workers.trained_role import TrainedRole
 
@@ -206,7 +206,7 @@ class ActorWorker(TrainedRole):
             raise KeyError(f"update_actor needs columns {missing}; compute them first (compute_log_prob, "
                            "compute_ref_log_prob, advantages)")
         steps, maxima = [], set()
-        for micros in self.optimizer_steps(batch, seed):
+        for micros in optimizer_steps(batch, self.config.batch, self.data_parallel_size, seed, self.engine):
             metrics, _ = policy_gradients(self.engine, micros, self.config, policy_loss, kl_coef)
             maxima.update(metrics.maxima)
             steps.append(self.engine.step(metrics, self.config.trainer.on_nonfinite == "skip"))

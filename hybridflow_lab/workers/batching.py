@@ -28,6 +28,14 @@ def minibatches(rows: DataBatch, size: int, epochs: int, seed: int) -> Iterator[
         yield from rows.reorder(order).split(size)
 
 
+def optimizer_steps(rows: DataBatch, batch: BatchConfig, ranks: int, seed: int, engine: TrainEngine
+                    ) -> Iterator[list[DataBatch]]:
+    """The micro-batches of each optimizer step over a rank's ``rows``: ``batch.update_epochs`` passes in an order
+    drawn from ``seed``, ``per_rank_minibatch`` rows a step (collective under token budgets, ``micro_batches``)."""
+    for mini in minibatches(rows, per_rank_minibatch(batch, ranks), batch.update_epochs, seed):
+        yield micro_batches(mini, batch, engine).parts
+
+
 @dataclass
 class MicroBatches:
     """A rank's rows split for its forward and backward passes."""

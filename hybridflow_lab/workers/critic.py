@@ -11,7 +11,7 @@ from hybridflow_lab.engines import TrainingState
 from hybridflow_lab.engines.forward import response_values
 from hybridflow_lab.models.heads import load_scalar_model
 from hybridflow_lab.protocol import DataBatch
-from hybridflow_lab.workers.batching import mean_over_steps, micro_batches
+from hybridflow_lab.workers.batching import mean_over_steps, micro_batches, optimizer_steps
 from hybridflow_lab.workers.trained_role import TrainedRole
 
 
@@ -44,7 +44,7 @@ class CriticWorker(TrainedRole):
         algorithm, engine = self.config.algorithm, self.engine
         mode, norm = algorithm.aggregation, self.config.rollout.max_new_tokens
         steps = []
-        for micros in self.optimizer_steps(batch, seed):
+        for micros in optimizer_steps(batch, self.config.batch, self.data_parallel_size, seed, engine):
             metrics = engine.start_step(sum(loss_units(micro["response_mask"], mode, norm) for micro in micros))
             for index, micro in enumerate(micros):
                 mask = micro["response_mask"]

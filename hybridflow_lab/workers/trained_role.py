@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from torch import nn
 from torch.distributed import ProcessGroup
 
@@ -15,8 +13,7 @@ from hybridflow_lab.engines.training_state import TrainingState
 from hybridflow_lab.models.decoder import compile_layers, enable_gradient_checkpointing
 from hybridflow_lab.models.lora import apply_lora
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
-from hybridflow_lab.protocol import DataBatch
-from hybridflow_lab.workers.batching import micro_batches, minibatches, per_rank_minibatch
+from hybridflow_lab.workers.batching import per_rank_minibatch
 
 
 class TrainedRole(Worker):
@@ -50,14 +47,6 @@ class TrainedRole(Worker):
             micro_batches_per_step=per_rank_minibatch(batch, self.data_parallel_size) // micro,
             offload=engine.offload, bf16=engine.bf16, dp_group=dp_group, tp=tp, device=self.device, state=state,
         )
-
-    def optimizer_steps(self, rows: DataBatch, seed: int) -> Iterator[list[DataBatch]]:
-        """The micro-batches of each optimizer step over this rank's ``rows``: ``batch.update_epochs`` passes in an
-        order drawn from ``seed``, ``per_rank_minibatch`` rows a step. Collective under token budgets
-        (``micro_batches``)."""
-        batch = self.config.batch
-        for mini in minibatches(rows, per_rank_minibatch(batch, self.data_parallel_size), batch.update_epochs, seed):
-            yield micro_batches(mini, batch, self.engine).parts
 
     @register(Dispatch.ONE_TO_ALL)
     def training_state(self) -> TrainingState | None:
