@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 
 from hybridflow_lab import DataBatch
-from hybridflow_lab.config import BatchConfig, OptimConfig
+from hybridflow_lab.config import BatchConfig, LoraConfig, OptimConfig
 from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.forward import count_response_tokens, response_nll
 from hybridflow_lab.engines.train_base import NonFiniteUpdate
 from hybridflow_lab.engines.training_state import TrainingState
 from hybridflow_lab.models import load_causal_lm
-from hybridflow_lab.models.lora import LoraConfig, apply_lora
+from hybridflow_lab.models.lora import apply_lora
 from hybridflow_lab.workers.batching import micro_batches
 from hybridflow_lab.workers.trained_role import TrainedRole
 

@@ -85,16 +85,16 @@ def test_generation_runs_ahead_by_at_most_max_staleness_and_the_stale_batches_ar
         loads = sorted(spans_named(lab, "sync_weights"), key=lambda span: span.t_start)
         assert loads[1].t_start >= ahead.t_end
 
-        queued = np.unique(resolve(lab._ahead.queue[0][1])["uid"])  # the next step's prompts, generated ahead
+        queued = np.unique(resolve(lab.rollouts_ahead.queue[0][1])["uid"])  # the next step's prompts, generated ahead
         checkpoint = lab.save()
         lab.load(checkpoint)
-        assert lab.policy_version == 4 and not lab._ahead.queue
+        assert lab.policy_version == 4 and not lab.rollouts_ahead.queue
         np.testing.assert_array_equal(lab.next_prompts()["uid"], queued)
 
         lab.step()  # queues steps 5 and 6
-        queued = np.unique(resolve(lab._ahead.queue[0][1])["uid"])
+        queued = np.unique(resolve(lab.rollouts_ahead.queue[0][1])["uid"])
         lab.reconfigure("rollout.max_staleness=1")  # restarts the groups: what was generated ahead is drawn again
-        assert lab._ahead.depth == 1 and not lab._ahead.queue
+        assert lab.rollouts_ahead.depth == 1 and not lab.rollouts_ahead.queue
         np.testing.assert_array_equal(lab.next_prompts()["uid"], queued)
     finally:
         lab.shutdown()

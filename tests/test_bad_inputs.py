@@ -392,6 +392,8 @@ OVERRIDE_CASES = [
          "or 'all'"),
     Case("negative_capture_steps", ["trainer.capture=reward", "trainer.capture_steps=-1"], ConfigError,
          ("trainer.capture_steps", ">= 0"), "use 0 to keep every step's captures"),
+    Case("stage_timeout_of_zero", ["trainer.stage_timeout_s=0"], ConfigError, ("trainer.stage_timeout_s", "> 0"),
+         "use e.g. 1800"),
     Case("staleness_on_the_local_backend", ["backend=local", "actor.ranks=1", "rollout.pool=rollout",
                                             "rollout.max_staleness=1"],
          ConfigError, ("backend",), "or rollout.max_staleness=0"),

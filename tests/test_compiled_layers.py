@@ -8,15 +8,16 @@ import copy
 import pytest
 import torch
 
-from hybridflow_lab.algorithms.losses import aggregate, ppo_policy_loss
-from hybridflow_lab.config import LabConfig
+from hybridflow_lab.algorithms.losses import ppo_policy_loss
+from hybridflow_lab.config import LabConfig, OptimConfig
 from hybridflow_lab.engines.forward import response_log_probs, response_values
+from hybridflow_lab.engines.torch_engine import TorchEngine
 from hybridflow_lab.models import create_model_dir, decoder, load_causal_lm
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
 from hybridflow_lab.models.decoder import compile_layers, enable_gradient_checkpointing
 from hybridflow_lab.models.heads import load_scalar_model
 from hybridflow_lab.models.lora import LoraConfig, adapters_disabled, apply_lora
-from hybridflow_lab.workers.actor_loss import actor_token_loss
+from hybridflow_lab.workers.actor import policy_gradients
 from tests.test_packing import LONG_RESPONSE_LENGTHS, assert_same_gradients, gradients, ragged_batch
 
 pytestmark = pytest.mark.skipif(bool(missing_cpp_compiler()), reason=str(missing_cpp_compiler()))
@@ -59,12 +60,10 @@ def test_compiled_layers_give_the_eager_actor_loss_gradients_and_log_probs(tmp_p
     config.actor.engine.remove_padding = remove_padding
     results = {}
     for name, model in (("eager", eager), ("compiled", compiled)):
-        out = actor_token_loss(config, ppo_policy_loss, kl_coef=0.1)(model, batch)
-        loss = aggregate(out.loss, batch["response_mask"], "token-mean", max(LONG_RESPONSE_LENGTHS))[0]
-        loss.backward()
+        metrics, _ = policy_gradients(TorchEngine(model, OptimConfig()), [batch], config, ppo_policy_loss, kl_coef=0.1)
         with torch.no_grad(), adapters_disabled(model) if lora else contextlib.nullcontext():
             log_probs, _ = response_log_probs(model, batch, remove_padding=remove_padding)
-        results[name] = (loss.detach(), gradients(model), log_probs)
+        results[name] = (metrics.sums["loss"], gradients(model), log_probs)
     layers = eager.config.num_hidden_layers  # forward, recomputed forward under checkpointing, no-grad forward
     assert len(compiled_calls) == layers * (3 if checkpointing else 2)
     torch.testing.assert_close(results["compiled"][0], results["eager"][0], rtol=1e-5, atol=1e-6)

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from hybridflow_lab import DataBatch
-from hybridflow_lab.config import ConfigError, LabConfig, RoleConfig, validate
+from hybridflow_lab.config import ConfigError, LabConfig, RoleConfig
 from hybridflow_lab.controller import ResourcePool, Role, WorkerCallError, WorkerGroup
 from hybridflow_lab.controller.devices import rank_device
+from hybridflow_lab.dataflows import check_config
 from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.telemetry import Phase, TelemetryStore
 from tests.workers import Echo
@@ -64,7 +65,7 @@ def test_a_config_asking_for_gpus_on_a_machine_without_them_fails_before_start(t
     model = str(create_model_dir(tmp_path / "tiny", "tiny", "qwen2"))
     for device, fix in (("cuda", "use device=cpu"), ("tpu", "is not one of ('auto', 'cpu', 'cuda')")):
         with pytest.raises(ConfigError) as info:
-            validate(LabConfig(device=device, actor=RoleConfig(model_path=model, ranks=2)), ("actor",))
+            check_config(LabConfig(device=device, actor=RoleConfig(model_path=model, ranks=2)))
         assert info.value.key == "device" and fix in str(info.value)
 
 

@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridflow_lab.controller import WorkerCallError
+from hybridflow_lab.controller import WorkerCallError, WorkerCallTimeout
 from hybridflow_lab.controller.interrupts import interrupts_held
 from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.telemetry import Phase
 from hybridflow_lab.trainer import checkpointing
 from hybridflow_lab.trainer.checkpointing import CheckpointError
-from hybridflow_lab.trainer.lab import TRAINING_COLUMNS, Lab
+from hybridflow_lab.trainer.lab import Lab
+from hybridflow_lab.trainer.run_stages import TRAINING_COLUMNS
 from hybridflow_lab.workers.reward_guard import RewardFunctionError, RewardGuard
 
 COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean")
@@ -98,6 +99,31 @@ def test_a_worker_killed_mid_stage_is_named_and_the_run_recovers_from_its_checkp
     logged = [json.loads(line)["step"] for line in (tmp_path / "faulty" / "metrics.jsonl").read_text().splitlines()]
     assert logged == [1, 2, 3, 4] and [m["step"] for m in lab.history] == [1, 2, 3, 4]
     lab.shutdown()
+
+
+@pytest.mark.ray
+def test_a_stage_whose_rank_hangs_raises_within_its_timeout_naming_the_stage_the_group_and_the_rank(
+        ray_cluster, model_dir, tmp_path):
+    """A rank process stopped (SIGSTOP: alive, never answering) while the actor computes log-probs: the stage
+    raises once ``trainer.stage_timeout_s`` has passed, naming the stage, the group and the silent rank, instead
+    of hanging the notebook."""
+    lab = Lab("arithmetic_grpo", overrides=run_overrides(model_dir, tmp_path / "run", "ray", "actor.ranks=1",
+                                                          "trainer.stage_timeout_s=5"))
+    try:
+        batch = lab.generate(lab.next_prompts())
+        pid = lab.actor.pids()[0]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(WorkerCallTimeout) as hung:
+                lab.old_log_prob(batch)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        error = hung.value
+        assert (error.group, error.method, error.still_running) == (lab.actor.name, "compute_log_prob", (0,))
+        assert "rank 0 did not answer 'compute_log_prob' within 5 s" in str(error)
+        assert any(note.startswith("in the Lab's 'old_log_prob' stage") for note in error.__notes__)
+    finally:
+        lab.shutdown()
 
 
 def test_recover_without_a_checkpoint_restarts_from_step_zero(model_dir, tmp_path):

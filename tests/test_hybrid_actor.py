@@ -7,8 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from hybridflow_lab.config import ConfigError, EngineConfig, validate
+from hybridflow_lab.config import ConfigError, EngineConfig
 from hybridflow_lab.controller import ResourcePool
+from hybridflow_lab.dataflows import check_config
+from hybridflow_lab.dataflows.preflight import preflight
 from hybridflow_lab.hybrid import ParallelLayout, formula_bytes_per_rank
 from hybridflow_lab.models import create_model_dir, load_causal_lm
 from hybridflow_lab.models.tensor_parallel import split_dim
@@ -107,17 +109,17 @@ def test_impossible_tensor_parallel_settings_fail_before_start(model_dir, overri
     engine = dataclasses.replace(config.actor.engine, **overrides)
     config = dataclasses.replace(config, actor=dataclasses.replace(config.actor, engine=engine))
     with pytest.raises(ConfigError, match=message) as error:
-        validate(config, roles=("actor",))
+        check_config(config)
     assert error.value.key == key
 
 
 def test_generation_tp_must_split_the_model(model_dir):
     with pytest.raises(ConfigError, match=r"size 3 does not divide the model's num_attention_heads \(8\)") as error:
-        validate(tp_config(model_dir, 1, 3), roles=("actor",))
+        preflight(tp_config(model_dir, 1, 3), ("actor",))
     assert error.value.key == "rollout.tensor_parallel"
 
 
 def test_generation_tp_must_divide_training_tp(model_dir):
     with pytest.raises(ConfigError, match=r"generation TP 4 must divide the actor's training TP 2") as error:
-        validate(tp_config(model_dir, 2, 4), roles=("actor",))
+        check_config(tp_config(model_dir, 2, 4))
     assert error.value.key == "rollout.tensor_parallel"

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future
 
 import pytest
 import torch
 
-from hybridflow_lab.dataflows.pending import PendingBatch, StageNotRun
+from hybridflow_lab.dataflows.pending import PendingBatch, StageFuture, StageNotRun, StageTimeout
 from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.telemetry import Phase
@@ -92,7 +91,7 @@ def test_colocated_roles_take_turns_and_failures_name_their_stage(ray_cluster, m
         with pytest.raises(StageNotRun, match=r"the 'old_log_prob' stage of step 1 failed"):
             after["old_log_probs"]
         with pytest.raises(StageNotRun, match=r"the 'adv' stage of step 1 failed .*'adv' stage reads columns "
-                                              r"\['response_mask', 'uid', 'scores', 'token_rewards\?'"):
+                                              r"\['response_mask', 'uid', 'scores'\]: .*'response_mask'"):
             after["advantages"]  # its reads name what is missing
         with pytest.raises(KeyError, match=r"'update_critic' stage reads .*'values'"), lab.overlapped():
             batch = lab.reward(lab.generate(lab.next_prompts()))
@@ -108,10 +107,11 @@ def test_stages_on_other_lanes_run_side_by_side_and_a_lane_runs_its_stages_in_ca
     from hybridflow_lab.trainer.scheduler import StageRun, StageScheduler, concurrent_stages
 
     scheduler, started, order = StageScheduler("t"), threading.Event(), []
+    values, ref, update = (StageFuture(name, 0, "test", 60) for name in ("values", "ref", "update_actor"))
     try:
-        values = scheduler.submit("pool critic", "values", lambda: started.wait(30))
-        scheduler.submit("pool main", "ref", lambda: (started.set(), order.append("ref")))
-        scheduler.submit("pool main", "update_actor", lambda: order.append("update_actor"))
+        scheduler.submit("pool critic", values, lambda: started.wait(30))
+        scheduler.submit("pool main", ref, lambda: (started.set(), order.append("ref")))
+        scheduler.submit("pool main", update, lambda: order.append("update_actor"))
         scheduler.drain()
         assert values.result() is True and order == ["ref", "update_actor"]
     finally:
@@ -126,37 +126,56 @@ def test_stages_on_other_lanes_run_side_by_side_and_a_lane_runs_its_stages_in_ca
 
 def test_a_pending_batch_waits_only_for_the_stage_that_writes_a_column():
     base = DataBatch({"input_ids": torch.ones(2, 3, dtype=torch.long)}, {"uid": [0, 1]})
-    values: Future[DataBatch] = Future()
-    pending = PendingBatch("values", 0, base, values, writes=("values",))
+    values: StageFuture[DataBatch] = StageFuture("values", 0, "pool critic", 60)
+    pending = PendingBatch(base, values, writes=("values",))
     assert torch.equal(pending["input_ids"], base["input_ids"]) and len(pending) == 2  # without waiting
     assert "values" in pending and "returns" not in pending and not pending.done()
-    with pytest.raises(KeyError, match=r"no stage before 'values'.*'returns'"):
+    with pytest.raises(KeyError, match=r"no stage up to 'values'.*'returns'"):
         pending["returns"]
     got = []
     reader = threading.Thread(target=lambda: got.append(pending["values"]))
     reader.start()
     reader.join(0.2)
     assert reader.is_alive() and not got  # waits for the stage
-    values.set_result(DataBatch({"values": torch.full((2, 3), 0.5)}))
+    values.run(lambda: DataBatch({"values": torch.full((2, 3), 0.5)}))
     reader.join(5)
     assert torch.equal(got[0], torch.full((2, 3), 0.5))
     pending["advantages"] = torch.zeros(2, 3)
     assert sorted(pending.result().keys()) == ["advantages", "input_ids", "uid", "values"]
-    failed: Future[DataBatch] = Future()
-    failed.set_exception(RuntimeError("rank 0 died"))
-    with pytest.raises(StageNotRun, match=r"'ref' stage of step 4 failed .*rank 0 died"):
-        PendingBatch("ref", 4, pending, failed, writes=("ref_log_probs",))["ref_log_probs"]
+
+
+def test_reading_the_output_of_a_failed_stage_raises_stage_not_run_naming_it():
+    failed: StageFuture[DataBatch] = StageFuture("ref", 4, "pool main", 60)
+    failed.run(lambda: 1 / 0)
+    with pytest.raises(StageNotRun, match=r"'ref' stage of step 4 failed \(ZeroDivisionError"):
+        PendingBatch(DataBatch(non_tensors={"uid": [0]}), failed, writes=("ref_log_probs",))["ref_log_probs"]
+
+
+def test_a_wait_for_a_stage_running_past_its_timeout_raises_naming_the_stage_and_its_lane():
+    """A stage that never finishes (a controller function stuck, a rank that never answers) ends the waits for
+    it: ``StageTimeout`` once it has run its timeout, where a wait without one would hang the notebook."""
+    release = threading.Event()
+    stuck: StageFuture[DataBatch] = StageFuture("reward", 2, "controller", timeout_s=1.0)
+    worker = threading.Thread(target=stuck.run, args=(lambda: release.wait(60),))
+    worker.start()
+    try:
+        with pytest.raises(StageTimeout, match=r"'reward' stage of step 2 \(controller\) did not finish within "
+                                               r"trainer.stage_timeout_s=1 s"):
+            PendingBatch(DataBatch(non_tensors={"uid": [0]}), stuck, writes=("scores",))["scores"]
+    finally:
+        release.set()
+        worker.join()
 
 
 def test_a_stage_with_optional_reads_is_queued_without_waiting_for_the_stage_that_makes_its_batch():
-    """Calling a stage whose reads include columns the batch may have (``"values?"``) returns at once; the
-    lookup happens when the stage runs, on its lane, so the dataflow goes on calling the next stages."""
+    """Calling a stage that reads columns the batch may have (``optional``) returns at once: the stage making the
+    batch declared what it writes, so the dataflow goes on calling the next stages while it runs."""
     from hybridflow_lab.dataflows import StepContext
     from hybridflow_lab.telemetry import TelemetryStore
     from hybridflow_lab.trainer.stage_runner import StageRunner, lane_of
     from hybridflow_lab.trainer.stages import Stage
 
-    runner, step, release = StageRunner("t", TelemetryStore(), lambda error, stage: None), StepContext(0, 0), \
+    runner, step, release = StageRunner("t", TelemetryStore(), lambda error, stage: None, 60), StepContext(0, 0), \
         threading.Event()
 
     def generate(_):
@@ -168,9 +187,9 @@ def test_a_stage_with_optional_reads_is_queued_without_waiting_for_the_stage_tha
 
     try:
         with runner.overlapped():
-            made = runner.batch_stage(Stage.GENERATE, step, lane_of("rollout"), None, generate)
-            added = runner.batch_stage(Stage.ADV, step, lane_of(None), made, advantages, ("scores", "values?"),
-                                       ("advantages",))
+            made = runner.batch_stage(Stage.GENERATE, step, lane_of("rollout"), None, generate, writes=("scores",))
+            added = runner.batch_stage(Stage.ADV, step, lane_of(None), made, advantages, ("scores",),
+                                       ("advantages",), optional=("values",))
             queued_before_generation_ended = not release.is_set()
             release.set()
         assert queued_before_generation_ended and added["advantages"].tolist() == [1.0, 1.0]

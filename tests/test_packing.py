@@ -5,16 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow_lab.algorithms.losses import aggregate, ppo_policy_loss
-from hybridflow_lab.config import LabConfig
+from hybridflow_lab.algorithms.losses import ppo_policy_loss
+from hybridflow_lab.config import LabConfig, OptimConfig
 from hybridflow_lab.engines.forward import response_log_probs, response_packing, response_values
+from hybridflow_lab.engines.torch_engine import TorchEngine
 from hybridflow_lab.engines.torch_rollout import sequences_batch
 from hybridflow_lab.models import create_model_dir, load_causal_lm
 from hybridflow_lab.models.decoder import enable_gradient_checkpointing
 from hybridflow_lab.models.heads import load_scalar_model
 from hybridflow_lab.models.packing import Packing
 from hybridflow_lab.protocol import DataBatch
-from hybridflow_lab.workers.actor_loss import actor_token_loss
+from hybridflow_lab.workers.actor import policy_gradients
 
 PROMPT_LENGTHS = [7, 3, 5, 1, 7, 2]
 RESPONSE_LENGTHS = [9, 1, 4, 9, 6, 2]
@@ -83,10 +84,8 @@ def test_packed_actor_loss_and_gradients_equal_the_padded_pass(tmp_path, checkpo
         config = LabConfig()
         config.actor.engine.remove_padding = remove_padding
         config.algorithm.entropy_coef = 0.01
-        out = actor_token_loss(config, ppo_policy_loss, kl_coef=0.1)(model, batch)
-        loss = aggregate(out.loss, batch["response_mask"], "token-mean", max(response_lengths))[0]
-        loss.backward()
-        results[remove_padding] = (loss.detach(), gradients(model))
+        metrics, _ = policy_gradients(TorchEngine(model, OptimConfig()), [batch], config, ppo_policy_loss, kl_coef=0.1)
+        results[remove_padding] = (metrics.sums["loss"], gradients(model))
     torch.testing.assert_close(results[True][0], results[False][0], rtol=1e-5, atol=1e-6)
     assert_same_gradients(results[False][1], results[True][1])
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from hybridflow_lab.models import create_model_dir
-from hybridflow_lab.trainer.lab import TRAINING_COLUMNS, Lab
+from hybridflow_lab.trainer.lab import Lab
+from hybridflow_lab.trainer.run_stages import TRAINING_COLUMNS
 from tests.test_lab import local_overrides
 
 NEXT_STEP = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/vf_loss",

@@ -11,10 +11,11 @@ import torch
 
 from hybridflow_lab import DataBatch
 from hybridflow_lab.algorithms import get_advantage_estimator, kl_estimate
+from hybridflow_lab.algorithms.masked import token_level
 from hybridflow_lab.dataflows import ALGORITHMS
 from hybridflow_lab.models import create_model_dir
-from hybridflow_lab.trainer.lab import TRAINING_COLUMNS, Lab
-from hybridflow_lab.workers.reward import token_level
+from hybridflow_lab.trainer.lab import Lab
+from hybridflow_lab.trainer.run_stages import TRAINING_COLUMNS
 
 BETA = 0.5
 PROMPTS, SAMPLES, LENGTH = 4, 4, 5

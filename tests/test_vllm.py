@@ -15,7 +15,8 @@ import json
 import pytest
 import torch
 
-from hybridflow_lab.config import ConfigError, LabConfig, load_config, validate
+from hybridflow_lab.config import ConfigError, LabConfig, load_config
+from hybridflow_lab.dataflows import check_config
 from hybridflow_lab.engines import SamplingParams
 from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.torch_rollout import TorchRollout
@@ -196,7 +197,7 @@ def test_a_model_vllm_cannot_load_is_refused_before_start(tmp_path):
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen2ForTinyToyLM"]}))
     with pytest.raises(ConfigError, match="vLLM cannot load Qwen2ForTinyToyLM") as info:
-        validate(load_config(LabConfig, overrides=vllm_overrides(str(path))))
+        check_config(load_config(LabConfig, overrides=vllm_overrides(str(path))))
     assert info.value.key == "actor.model_path"
 
 
@@ -209,7 +210,7 @@ def test_a_model_vllm_cannot_load_is_refused_before_start(tmp_path):
 def test_vllm_settings_this_machine_cannot_run_fail_before_start(model_dir, extra, key, message):
     config = load_config(LabConfig, overrides=vllm_overrides(model_dir, "actor.ranks=2", *extra))
     with pytest.raises(ConfigError, match=message) as info:
-        validate(config)
+        check_config(config)
     assert info.value.key == key
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from hybridflow_lab.config import ConfigError, LabConfig, load_config, validate
+from hybridflow_lab.config import ConfigError, LabConfig, load_config
+from hybridflow_lab.dataflows import check_config
 from hybridflow_lab.engines import SamplingParams
 from hybridflow_lab.engines.vllm_rollout import (
     engine_arguments,
@@ -79,7 +80,7 @@ def test_vllm_is_refused_before_start_in_a_kernel_without_it(tmp_path, monkeypat
     model = create_model_dir(tmp_path / "m", "tiny", "qwen2")
     config = load_config(LabConfig, overrides=[f"actor.model_path={model}", "rollout.engine=vllm"])
     with pytest.raises(ConfigError, match=r"vllm is not installed in this environment; on the CPU `make lab`") as info:
-        validate(config)
+        check_config(config)
     assert info.value.key == "rollout.engine"
 
 

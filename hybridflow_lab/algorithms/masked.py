@@ -23,3 +23,9 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -
 def broadcast_to_tokens(per_sequence: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Copy a per-sequence value ``[B]`` onto every valid token of its row, giving ``[B, T]``."""
     return per_sequence[:, None] * mask.to(per_sequence.dtype)
+
+
+def token_level(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Place each sequence's score on its last response token, zeros elsewhere."""
+    last = (response_mask.long().cumsum(-1) == response_mask.sum(-1, keepdim=True)) & response_mask.bool()
+    return last.float() * scores[:, None]

@@ -19,14 +19,14 @@ from typing import Any
 import torch
 
 from hybridflow_lab.bench.train import synthetic_batch
-from hybridflow_lab.config import OptimConfig
+from hybridflow_lab.config import LoraConfig, OptimConfig
 from hybridflow_lab.controller import Dispatch, ResourcePool, Role, Worker, WorkerGroup, init_cluster, register
 from hybridflow_lab.controller.memory import peak_resident_mb, resident_mb
 from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.forward import count_response_tokens, response_log_probs, response_nll
 from hybridflow_lab.models import create_model_dir, load_causal_lm, load_config
 from hybridflow_lab.models.decoder import enable_gradient_checkpointing
-from hybridflow_lab.models.lora import LoraConfig, adapters_disabled, apply_lora
+from hybridflow_lab.models.lora import adapters_disabled, apply_lora
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,8 @@ BOUNDS = (
           "newest two"),
     Bound("trainer.logged_samples", ">= 0", _at_least(0), "use e.g. 8"),
     Bound("trainer.capture_steps", ">= 0", _at_least(0), "use 0 to keep every step's captures"),
+    Bound("trainer.stage_timeout_s", "> 0", _positive, "use e.g. 1800 (seconds a stage may run before its silent "
+          "ranks are named)"),
     Bound("task.reward_timeout_s", ">= 0", _at_least(0), "use 0 for no timeout, or the seconds one row may take"),
 )
 OPTIM_BOUNDS = (

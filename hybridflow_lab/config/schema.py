@@ -5,14 +5,42 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, get_args
 
-from hybridflow_lab.algorithms.kl import KL_ALIASES
-from hybridflow_lab.models.lora import LoraConfig
-
 TrainBackend = Literal["torch", "deepspeed", "fsdp"]  # the training engines (hybridflow_lab.engines builds them)
 ReshardStrategy = Literal["hybridflow", "hybridflow_v", "ds_chat"]  # training -> generation (hybridflow_lab.hybrid)
 Decoding = Literal["eager", "compiled", "onednn"]  # how the built-in engine runs its decoding step
 TRAIN_BACKENDS: tuple[str, ...] = get_args(TrainBackend)
 RESHARD_STRATEGIES: tuple[str, ...] = get_args(ReshardStrategy)
+
+
+KL_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}  # verl's names for the same KL estimators
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # LoRA's targets
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Adapters of ``rank`` (0: full fine-tuning) on the linear layers named in ``target_modules``."""
+
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = PROJECTIONS
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise ValueError(f"rank must be 0 (no adapters) or positive, got {self.rank}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if unknown := sorted(set(self.target_modules) - set(PROJECTIONS)):
+            raise ValueError(f"target_modules has {unknown}, which are not projections of the decoder; choose "
+                             f"among {', '.join(PROJECTIONS)}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,9 @@ ADDRESS_ENV = "HYBRIDFLOW_RAY_ADDRESS"
 AUTH_MODE_ENV = "RAY_AUTH_MODE"  # Ray's switch for token authentication: "token" (a local default) or "disabled"
 NAMESPACE = "hybridflow_lab"
 BREAKPOINT_ENV = "PYTHONBREAKPOINT"
+# Ray's default debugger (RAY_DEBUG=1, debugpy) opens a breakpoint() in a worker on the node's address, without
+# authentication; "legacy" is Ray's pdb over a socket on 127.0.0.1, which `ray debug` attaches to from the node
+DEBUGGER_ENV, LOOPBACK_DEBUGGER = "RAY_DEBUG", "legacy"
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +38,10 @@ def init_cluster(address: str | None = None, num_cpus: int | None = None, expose
     With no ``address`` (and no ``HYBRIDFLOW_RAY_ADDRESS``) a local Ray starts with
     ``num_cpus`` logical CPU slots; with an address (``"auto"``, ``"ray://host:10001"``)
     the controller joins that cluster: the multi-node path. A second call is a no-op.
-    A local Ray keeps its token authentication on; its dashboard is off unless
-    ``include_dashboard=True``, and listens on 127.0.0.1 unless ``expose_dashboard`` allows
-    another ``dashboard_host``. With ``log_file``, Ray's own start-up lines (its banner, the token-authentication
+    A local Ray keeps its token authentication on; its dashboard is off unless ``include_dashboard=True``, and
+    listens on 127.0.0.1 unless ``expose_dashboard`` allows another ``dashboard_host``. A ``breakpoint()`` in a
+    worker opens Ray's debugger on 127.0.0.1 (``ray debug`` on that node attaches), not on the node's address,
+    unless ``RAY_DEBUG`` is set. With ``log_file``, Ray's own start-up lines (its banner, the token-authentication
     note) are appended there instead of printed (a notebook cell shows only the run's output).
     """
     if not ray.is_initialized():
@@ -68,6 +72,7 @@ def controller_breakpoints_kept() -> Iterator[None]:
 def _start(address: str | None, num_cpus: int | None, expose_dashboard: bool, ray_init: dict[str, Any]) -> None:
     address = address or os.environ.get(ADDRESS_ENV)
     options: dict[str, Any] = {"namespace": NAMESPACE, "include_dashboard": False, **ray_init}
+    options["runtime_env"] = with_worker_debugger(options.get("runtime_env"))
     if address:  # the cluster's own dashboard and authentication settings apply
         ray.init(address=address, **options)
     else:
@@ -75,6 +80,14 @@ def _start(address: str | None, num_cpus: int | None, expose_dashboard: bool, ra
         options["dashboard_host"] = dashboard_host(options.get("dashboard_host", LOOPBACK), expose_dashboard)
         # "local": never join a cluster that Ray's address file names (one started earlier, maybe long dead)
         ray.init(address="local", num_cpus=num_cpus or default_cpu_slots(), **options)
+
+
+def with_worker_debugger(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
+    """``runtime_env`` (this job's workers' environment) with Ray's debugger on loopback: the controller's
+    ``RAY_DEBUG`` when the user set one, else ``legacy``."""
+    env = dict(runtime_env or {})
+    env["env_vars"] = {DEBUGGER_ENV: os.environ.get(DEBUGGER_ENV, LOOPBACK_DEBUGGER), **env.get("env_vars", {})}
+    return env
 
 
 @contextmanager
@@ -114,15 +127,6 @@ def warn_if_auth_disabled() -> None:
         logger.warning("%s=disabled: Ray's token authentication is off, so anyone who can reach this machine's "
                        "Ray ports can run code in the cluster; unset it to turn authentication back on",
                        AUTH_MODE_ENV)
-
-
-def shutdown_cluster() -> None:
-    """Stop every worker group of this controller and disconnect from Ray."""
-    from hybridflow_lab.controller.worker_group import shutdown_all
-
-    shutdown_all()
-    if ray.is_initialized():
-        ray.shutdown()
 
 
 def alive_actors() -> list[str]:

@@ -47,5 +47,22 @@ class WorkerCallError(RuntimeError):
         return text
 
 
+class WorkerCallTimeout(WorkerCallError):
+    """Ranks that did not answer a call within the group's ``call_timeout_s``: hung, or blocked in a collective."""
+
+    def __init__(self, group: str, role: str, method: str, timeout_s: float, silent: Sequence[int]) -> None:
+        error = f"no answer within {timeout_s:g} s"
+        WorkerCallError.__init__(self, group, role, silent[0], method, error, still_running=silent)
+        self.args = (group, role, method, timeout_s, tuple(silent))
+        self.timeout_s = timeout_s
+
+    def __str__(self) -> str:
+        ranks = ", ".join(map(str, self.still_running))
+        return (f"worker group {self.group!r}, role {self.role!r}: rank{'s' if len(self.still_running) > 1 else ''} "
+                f"{ranks} did not answer {self.method!r} within {self.timeout_s:g} s (the group's call timeout, "
+                "trainer.stage_timeout_s in a Lab); they are still running (hung, or waiting in a collective for a "
+                "peer): shut the group down or rebuild it")
+
+
 class WorkerGroupClosed(RuntimeError):
     """A call on a worker group that was shut down or replaced."""

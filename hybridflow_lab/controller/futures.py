@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from hybridflow_lab.controller.worker_group import PendingCall
+from typing import Any, Protocol
 
 _UNSET = object()
+
+
+class PendingCall(Protocol):
+    """A submitted group call (``worker_group.PendingCall``): its ranks' results, merged once they finish."""
+
+    label: str
+
+    def finish(self) -> Any: ...
+    def done(self) -> bool: ...
+    def concat_handles(self) -> list[Any] | None: ...
 
 
 class RemoteRows:

@@ -14,7 +14,7 @@ import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
-from hybridflow_lab.controller.errors import WorkerCallError
+from hybridflow_lab.controller.errors import WorkerCallError, WorkerCallTimeout
 from hybridflow_lab.controller.host import RankHost, RankInfo, Role
 from hybridflow_lab.controller.interrupts import interrupts_held
 from hybridflow_lab.controller.resource_pool import ResourcePool
@@ -43,9 +43,9 @@ class RayRanks:
     kind = "ray"
 
     def __init__(self, pool: ResourcePool, infos: Sequence[RankInfo], poll_s: float = 0.5,
-                 settle_s: float = 5.0) -> None:
+                 settle_s: float = 5.0, call_timeout_s: float | None = None) -> None:
         self.infos = list(infos)
-        self.poll_s, self.settle_s = poll_s, settle_s
+        self.poll_s, self.settle_s, self.call_timeout_s = poll_s, settle_s, call_timeout_s
         self.actors = [_RemoteHost.options(**pool.actor_options(i.rank), runtime_env=rank_runtime_env(i)).remote(i)
                        for i in self.infos]
         self.offsets = [0.0] * len(self.actors)
@@ -100,8 +100,10 @@ class RayRanks:
         running, the ranks that finished are checked for errors every ``poll_s`` seconds, so a
         failed rank is reported even when its peers hang in a collective waiting for it (after
         ``settle_s`` more). A rank whose process died is named first: the others' errors usually follow from it.
+        Ranks that have not answered after ``call_timeout_s`` raise ``WorkerCallTimeout`` naming them.
         """
         results = [h.result for h in handles]
+        deadline = None if self.call_timeout_s is None else time.monotonic() + self.call_timeout_s
         while True:
             try:
                 values = ray.get(results + [h.spans for h in handles], timeout=self.poll_s)
@@ -119,6 +121,10 @@ class RayRanks:
                 done = {ref.hex() for ref in ready}
                 running = [h.rank for h in handles if h.result.hex() not in done]
                 raise failures[0].with_others([f.rank for f in failures[1:]], running)
+            if deadline is not None and time.monotonic() > deadline:
+                done = {ref.hex() for ref in ready}
+                silent = [h.rank for h in handles if h.result.hex() not in done]
+                raise WorkerCallTimeout(self.infos[0].group, role, method, self.call_timeout_s, silent)
 
     def _failures(
         self, handles: Sequence[RankHandle], ready: list[Any], role: str, method: str

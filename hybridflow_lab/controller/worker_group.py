@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import ray
+
 from hybridflow_lab.controller.cluster import init_cluster
 from hybridflow_lab.controller.decorator import Execute, MethodSpec, registered_methods
 from hybridflow_lab.controller.dispatch import Split
@@ -48,6 +50,8 @@ class WorkerGroup:
     see ``controller.devices.rank_device``); a device a rank cannot use fails the group's start.
     ``threads_per_rank`` (default: 1 for a Ray rank, a process of its own sharing the machine's cores; none set
     for local ranks, which run one after another in the controller's process and keep its thread count).
+    ``call_timeout_s``: a Ray call whose ranks have not all answered by then raises ``WorkerCallTimeout`` naming
+    them (local ranks run in the caller's thread, so a hang there is the caller's).
     """
 
     def __new__(cls, roles: RolesArg, *args: Any, **kwargs: Any) -> WorkerGroup:
@@ -68,6 +72,7 @@ class WorkerGroup:
         env: Mapping[str, str] | None = None,
         collective_timeout_s: float = 600.0,
         device: str | None = None,
+        call_timeout_s: float | None = None,
     ) -> None:
         if backend not in ("ray", "local"):
             raise ValueError(f"backend must be 'ray' or 'local', got {backend!r}")
@@ -84,7 +89,7 @@ class WorkerGroup:
         infos = self._rank_infos(threads_per_rank, dict(env or {}), collective_timeout_s, device)
         if backend == "ray":
             init_cluster()
-            self._backend: RayRanks | LocalRanks = RayRanks(self.pool, infos)
+            self._backend: RayRanks | LocalRanks = RayRanks(self.pool, infos, call_timeout_s=call_timeout_s)
         else:
             self._backend = LocalRanks(infos)
         self._inflight: weakref.WeakSet[PendingCall] = weakref.WeakSet()
@@ -400,3 +405,10 @@ def shutdown_all() -> None:
     for group in live_groups():
         group.shutdown()
     _live_groups.clear()
+
+
+def shutdown_cluster() -> None:
+    """Stop every worker group of this controller and disconnect from Ray."""
+    shutdown_all()
+    if ray.is_initialized():
+        ray.shutdown()

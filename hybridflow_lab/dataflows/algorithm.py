@@ -107,6 +107,12 @@ class RunNeeds:
         """The roles given resource pools: the trained ones, and the rollout group when it has its own."""
         return (*self.trained_roles, *(("rollout",) if self.rollout_group else ()))
 
+    @property
+    def models(self) -> list[str]:
+        """The models the run's stages run on, as the dataflow graph names its rows."""
+        return ["rollout", "actor", *(["reference"] if self.reference else []), *(["critic"] if self.critic else []),
+                "reward model" if self.reward_model else "reward function", "controller"]
+
     @classmethod
     def of(cls, config: LabConfig) -> RunNeeds:
         """What ``config``'s run needs (``KeyError`` for an unknown algorithm)."""

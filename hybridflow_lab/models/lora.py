@@ -17,7 +17,7 @@ import math
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -25,36 +25,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from hybridflow_lab.config import LoraConfig
+
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
-
-
-@dataclass(frozen=True)
-class LoraConfig:
-    """Adapters of ``rank`` (0: full fine-tuning) on the linear layers named in ``target_modules``."""
-
-    rank: int = 0
-    alpha: float = 16.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = PROJECTIONS
-
-    def __post_init__(self) -> None:
-        if self.rank < 0:
-            raise ValueError(f"rank must be 0 (no adapters) or positive, got {self.rank}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if unknown := sorted(set(self.target_modules) - set(PROJECTIONS)):
-            raise ValueError(f"target_modules has {unknown}, which are not projections of the decoder; choose "
-                             f"among {', '.join(PROJECTIONS)}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
-
-    @property
-    def scaling(self) -> float:
-        return self.alpha / self.rank
 
 
 class LoraLinear(nn.Module):

@@ -12,25 +12,26 @@ were not trained on.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 from hybridflow_lab.dataflows import StepContext
 from hybridflow_lab.dataflows.pending import Batch
+from hybridflow_lab.trainer.prompt_stream import Position, PromptStream
 
-if TYPE_CHECKING:
-    from hybridflow_lab.trainer.lab import Lab
+Draw = Callable[[StepContext, bool], Batch]  # (the step it is for, whether ahead) -> its responses
 
 
 class RolloutsAhead:
-    """The queue of responses generated ahead (``depth`` = ``rollout.max_staleness``) and, for each step they are
-    meant for, its ``StepContext`` (their generation's seconds and seeds) and where the prompt stream stood."""
+    """The queue of responses generated ahead (``depth`` = ``rollout.max_staleness``) by ``draw`` (prompts from
+    ``prompts``) and, for each step they are meant for, its ``StepContext`` (their generation's seconds and seeds)
+    and where the prompt stream stood."""
 
-    def __init__(self, depth: int) -> None:
-        self.depth = depth
+    def __init__(self, depth: int, prompts: PromptStream, draw: Draw, run_seed: int) -> None:
+        self.depth, self.prompts, self.draw, self.run_seed = depth, prompts, draw, run_seed
         self.queue: deque[tuple[int, Batch]] = deque()
         self.next_step: int | None = None
         self.contexts: dict[int, StepContext] = {}
-        self.positions: dict[int, tuple[dict[str, Any], int]] = {}  # step -> (prompt source state, next uid)
+        self.positions: dict[int, Position] = {}
 
     def reset(self) -> None:
         """Forget the queue (the Lab restarted, or loaded a checkpoint): the next ``take`` generates afresh."""
@@ -39,27 +40,26 @@ class RolloutsAhead:
         self.contexts.clear()
         self.positions.clear()
 
-    def rewind(self, lab: Lab) -> None:
-        """``reset``, with the prompts of the dropped responses put back: ``lab``'s prompt stream returns to before
-        the first step not trained on (the Lab restarts its groups, e.g. to change ``max_staleness``)."""
-        position = self.positions.get(lab.step_index)
+    def rewind(self, step: int) -> None:
+        """``reset``, with the prompts of the dropped responses put back: the prompt stream returns to before
+        ``step``, the first step not trained on (the Lab restarts its groups, e.g. to change ``max_staleness``)."""
+        position = self.positions.get(step)
         if position is not None:
-            lab.task.source.load_state_dict(position[0])
-            lab._next_uid = position[1]
+            self.prompts.restore(position)
         self.reset()
 
-    def take(self, lab: Lab) -> Batch:
-        """The responses for ``lab``'s step, after starting generation for the steps up to ``depth`` ahead."""
+    def take(self, current: StepContext) -> Batch:
+        """The responses for step ``current``, after starting generation for the steps up to ``depth`` ahead."""
         if self.next_step is None:
-            self.next_step = lab.step_index
+            self.next_step = current.index
         while len(self.queue) <= self.depth:
             step = self.next_step
-            self.positions[step] = (lab.task.source.state_dict(), lab._next_uid)
-            context = lab.current_step if step == lab.step_index else \
-                self.contexts.setdefault(step, StepContext(step, lab.config.seed))
-            self.queue.append((step, lab._generate(lab.next_prompts(), context, ahead=step > lab.step_index)))
+            self.positions[step] = self.prompts.position()
+            context = current if step == current.index else \
+                self.contexts.setdefault(step, StepContext(step, self.run_seed))
+            self.queue.append((step, self.draw(context, step > current.index)))
             self.next_step = step + 1
-        for old in [s for s in self.positions if s < lab.step_index]:
+        for old in [s for s in self.positions if s < current.index]:
             del self.positions[old]
         return self.queue.popleft()[1]
 
@@ -67,6 +67,6 @@ class RolloutsAhead:
         """The context made ahead for ``step`` (holding its generation's seconds), if one was."""
         return self.contexts.pop(step, None)
 
-    def position(self, step: int) -> tuple[dict[str, Any], int] | None:
+    def position(self, step: int) -> Position | None:
         """Where the prompt stream stood before ``step``'s prompts were drawn ahead (None when they were not)."""
         return self.positions.get(step)

@@ -9,11 +9,11 @@ it, no lane ever waits for one queued behind it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from hybridflow_lab.dataflows.pending import StageNotRun
+from hybridflow_lab.dataflows.pending import StageFuture, StageNotRun
 
 T = TypeVar("T")
 CONTROLLER_LANE = "controller"
@@ -39,18 +39,19 @@ class StageScheduler:
     def __init__(self, name: str) -> None:
         self.name = name
         self._lanes: dict[str, ThreadPoolExecutor] = {}
-        self._pending: list[tuple[str, Future]] = []
+        self._pending: list[StageFuture[Any]] = []  # what drain waits for
+        self._running: list[StageFuture[Any]] = []  # every stage submitted and not done, detached ones too
         self.runs: list[StageRun] = []
 
-    def submit(self, lane: str, stage: str, job: Callable[[], T], detached: bool = False) -> Future[T]:
-        """Run ``job`` on ``lane`` after the stages submitted to it before; ``detached``: ``drain`` does not wait
-        for it (generation running ahead of training: a later step reads it)."""
+    def submit(self, lane: str, future: StageFuture[T], job: Callable[[], T], detached: bool = False) -> None:
+        """Run ``job`` as ``future``'s stage on ``lane``, after the stages submitted to it before; ``detached``:
+        ``drain`` does not wait for it (generation running ahead of training: a later step reads it)."""
         if lane not in self._lanes:
             self._lanes[lane] = ThreadPoolExecutor(1, thread_name_prefix=f"{self.name}:{lane}")
-        future = self._lanes[lane].submit(job)
+        self._lanes[lane].submit(future.run, job)
+        self._running = [f for f in self._running if not f.done()] + [future]
         if not detached:
-            self._pending.append((stage, future))
-        return future
+            self._pending.append(future)
 
     def record(self, run: StageRun) -> None:
         self.runs.append(run)
@@ -59,17 +60,22 @@ class StageScheduler:
         """Wait for every submitted stage; raise the first failure in the order the stages were called (a stage
         that did not run because an earlier one failed gives way to that one)."""
         pending, self._pending = self._pending, []
-        failures = [future.exception() for _, future in pending]
+        failures = [future.exception() for future in pending]
         errors = [error for error in failures if error is not None]
         if errors:
             raise next((e for e in errors if not isinstance(e, StageNotRun)), errors[0])
 
     def close(self) -> None:
-        """Wait for the running stages and stop the lanes' threads."""
+        """Drop the stages still queued, wait for the running ones (each within its timeout) and stop the lanes'
+        threads."""
         for lane in self._lanes.values():
-            lane.shutdown(wait=True, cancel_futures=True)
+            lane.shutdown(wait=False, cancel_futures=True)
+        for future in self._running:
+            future.cancel()
+        for future in self._running:
+            future.exception()
         self._lanes = {}
-        self._pending = []
+        self._pending, self._running = [], []
 
 
 def concurrent_stages(runs: list[StageRun]) -> dict[str, list[str]]:

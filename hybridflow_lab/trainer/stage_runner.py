@@ -1,8 +1,8 @@
 """How the Lab runs a stage: timed into its step, its spans collected, blocking or overlapped.
 
 Called one at a time (a notebook cell per stage), a stage runs at once and returns its batch. Inside
-``overlapped()`` (what ``lab.step()`` uses) it returns at once instead: a ``PendingBatch``, or a ``Future``
-of an update's metrics, while the stage runs on its lane (``scheduler``) as soon as the columns it reads
+``overlapped()`` (what ``lab.step()`` uses) it returns at once instead (a ``PendingBatch``; see
+``dataflows.pending``), while the stage runs on its lane (``scheduler``) as soon as the columns it reads
 exist. Either way the same stages run on the same inputs with the same seeds, so a step's numbers do
 not depend on whether its stages overlapped.
 """
@@ -12,28 +12,28 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 from hybridflow_lab.controller import WorkerCallError
 from hybridflow_lab.dataflows import StepContext
-from hybridflow_lab.dataflows.pending import Batch, PendingBatch, StageNotRun, resolve
+from hybridflow_lab.dataflows.pending import Batch, PendingBatch, StageFuture, StageNotRun, resolve
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.telemetry import WHOLE_BATCH, StageSummary, TelemetryStore
 from hybridflow_lab.trainer.scheduler import CONTROLLER_LANE, StageRun, StageScheduler, concurrent_stages
 from hybridflow_lab.trainer.stages import Stage, model_of
 
 T = TypeVar("T")
-OPTIONAL = "?"  # a stage's read ending in it: a column the stage takes when the batch has one
 
 
 class StageRunner:
     """Runs the Lab's stages; ``summaries`` keeps the summary of each stage of the last overlapped scope, with
     the stages that ran alongside it (``StageSummary.concurrent``)."""
 
-    def __init__(self, name: str, telemetry: TelemetryStore, on_worker_error: Callable[[WorkerCallError, str], None]):
+    def __init__(self, name: str, telemetry: TelemetryStore, on_worker_error: Callable[[WorkerCallError, str], None],
+                 timeout_s: float) -> None:
         self.telemetry = telemetry
+        self.timeout_s = timeout_s  # how long a stage may run (StageFuture)
         self._on_worker_error = on_worker_error
         self._scheduler = StageScheduler(name)
         self._local = threading.local()
@@ -81,39 +81,44 @@ class StageRunner:
 
     def batch_stage(self, stage: Stage, step: StepContext, lane: str, batch: Batch | None,
                     body: Callable[[DataBatch], DataBatch], reads: Sequence[str] | None = None,
-                    writes: Iterable[str] | None = None, replaces: bool = False, detached: bool = False,
-                    after: Future[Any] | None = None) -> Batch:
-        """Run ``body`` on ``batch``'s columns ``reads`` (None: the whole batch; ``"values?"``: ``values`` if the batch
-        has it, looked up when the stage runs) and add the columns it returns
-        (``writes``; ``replaces``: it rewrites existing ones); ``batch`` None: ``body`` makes a new batch."""
+                    writes: Iterable[str] = (), optional: Sequence[str] = (), replaces: bool = False,
+                    detached: bool = False, after: StageFuture[Any] | None = None) -> Batch:
+        """Run ``body`` on ``batch``'s columns ``reads`` (None: the whole batch), and those of ``optional`` it has,
+        and add the columns ``writes`` it returns (``replaces``: it rewrites existing ones); ``batch`` None: ``body``
+        makes a new batch. Inside ``overlapped()``, a ``PendingBatch`` at once; else the batch."""
         added = self.call_stage(stage, step, lane, batch, reads, lambda rows, summary: summary.attach(body(rows)),
-                                detached, after)
-        if isinstance(added, Future):
-            return PendingBatch(stage.value, step.index, batch, added, writes, replaces)
+                                optional, detached, after)
+        if self.overlapping:
+            return PendingBatch(batch, added, writes, replaces)
+        output = added.result()
         if batch is None:
-            return added
-        output = resolve(batch).assign(added) if replaces else resolve(batch).union(added)
-        output.summary = added.summary
-        return output
+            return output
+        merged = resolve(batch).assign(output) if replaces else resolve(batch).union(output)
+        merged.summary = output.summary
+        return merged
 
     def call_stage(self, stage: Stage, step: StepContext, lane: str, batch: Batch | None,
                    reads: Sequence[str] | None, job: Callable[[DataBatch, StageSummary], T],
-                   detached: bool = False, after: Future[Any] | None = None) -> T | Future[T]:
-        """``job(rows, summary)`` on ``batch``'s columns ``reads``, timed as ``stage``: now, or inside
-        ``overlapped()`` on ``lane`` once those columns exist and ``after`` has finished (a ``Future`` of its
-        result; ``detached``: leaving ``overlapped()`` does not wait for it)."""
+                   optional: Sequence[str] = (), detached: bool = False,
+                   after: StageFuture[Any] | None = None) -> StageFuture[T]:
+        """``job(rows, summary)`` on ``batch``'s columns ``reads`` and those of ``optional`` it has, timed as
+        ``stage``: now (a finished future), or inside ``overlapped()`` on ``lane`` once those columns exist and
+        ``after`` has finished (``detached``: leaving ``overlapped()`` does not wait for it)."""
         span_lane = lane if self.overlapping else ""
-        shown = [r.removesuffix(OPTIONAL) for r in reads] if reads is not None else \
-            [WHOLE_BATCH] if batch is not None else []
+        shown = [*reads, *optional] if reads is not None else [WHOLE_BATCH] if batch is not None else []
 
         def run() -> T:
-            rows = _inputs(batch, reads, stage)  # waiting for them is not the stage's time
+            rows = _inputs(batch, reads, optional, stage)  # waiting for them is not the stage's time
             if after is not None:
                 _wait(after, stage)
             with self.timed(stage, step, span_lane, lane, shown) as summary:
                 return job(rows, summary)
 
-        return self._scheduler.submit(lane, stage.value, run, detached) if self.overlapping else run()
+        if not self.overlapping:
+            return StageFuture.finished(stage.value, step.index, run())
+        future: StageFuture[T] = StageFuture(stage.value, step.index, lane, self.timeout_s)
+        self._scheduler.submit(lane, future, run, detached)
+        return future
 
     @contextmanager
     def overlapped(self, enabled: bool = True) -> Iterator[None]:
@@ -145,7 +150,7 @@ class StageRunner:
         self._scheduler.close()
 
 
-def _wait(future: Future[Any], stage: Stage) -> None:
+def _wait(future: StageFuture[Any], stage: Stage) -> None:
     try:
         future.result()
     except BaseException as error:
@@ -153,18 +158,17 @@ def _wait(future: Future[Any], stage: Stage) -> None:
                           f"{error})") from error
 
 
-def _inputs(batch: Batch | None, reads: Sequence[str] | None, stage: Stage) -> DataBatch:
+def _inputs(batch: Batch | None, reads: Sequence[str] | None, optional: Sequence[str], stage: Stage) -> DataBatch:
     if batch is None:
         return DataBatch()
     try:
         if reads is None:
             return resolve(batch)
-        optional = [r.removesuffix(OPTIONAL) for r in reads if r.endswith(OPTIONAL)]
-        return batch.select(*(r for r in reads if not r.endswith(OPTIONAL)), *(r for r in optional if r in batch))
+        return batch.select(*reads, *(key for key in optional if key in batch))
     except StageNotRun as error:
         raise StageNotRun(f"the {stage.value!r} stage did not run: {error}") from error
     except KeyError as error:
-        raise KeyError(f"the {stage.value!r} stage reads columns {list(reads or [])}: {error.args[0]}; call the "
+        raise KeyError(f"the {stage.value!r} stage reads columns {list(reads)}: {error.args[0]}; call the "
                        "stage that computes it first") from None
 
 

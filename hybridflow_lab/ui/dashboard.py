@@ -124,7 +124,7 @@ class Dashboard:
 
     def _lab_graph(self) -> DataflowGraph:
         """``lab.graph()`` from the spans this dashboard holds (the training thread owns the store's polling)."""
-        return dataflow_graph(list(self._spans), self.lab.telemetry.running(), self.lab.models,
+        return dataflow_graph(list(self._spans), self.lab.telemetry.running(), self.lab.needs.models,
                               current=self.lab.step_index)
 
     def _show_graph(self) -> None:

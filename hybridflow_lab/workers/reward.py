@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from hybridflow_lab.algorithms.masked import token_level
 from hybridflow_lab.controller import Dispatch, Worker, register
 from hybridflow_lab.models.heads import last_token_scores, load_scalar_model
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.workers.reward_guard import FAIL_ON_ERROR, RewardFn, RewardGuard
-
-
-def token_level(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Place each sequence's score on its last response token, zeros elsewhere."""
-    last = (response_mask.long().cumsum(-1) == response_mask.sum(-1, keepdim=True)) & response_mask.bool()
-    return last.float() * scores[:, None]
 
 
 def rule_scores(batch: DataBatch, fn: RewardFn, guard: RewardGuard = FAIL_ON_ERROR) -> DataBatch:
