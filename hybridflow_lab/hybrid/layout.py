@@ -27,7 +27,7 @@ class ParallelLayout:
     """Training TP ``t``, pipeline ``p``, data parallel ``d``; generation TP ``tg`` and pipeline ``pg``.
 
     A generation shard is whole training shards: ``tg`` divides ``t`` and ``pg`` divides ``p``.
-    Only the actor generates; the other models keep the defaults.
+    Only the actor's generation sizes are read; another model's are ignored.
     """
 
     t: int = 1
