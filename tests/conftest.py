@@ -66,6 +66,29 @@ def ray_cluster():
     shutdown_cluster()
 
 
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """``tiny_models(seed, size="tiny")``: a Qwen2-architecture model directory of ``size`` built from ``seed``
+    (with the character tokenizer), made once per session and shared by the modules that ask for the same one."""
+    from hybridflow_lab.models import create_model_dir
+
+    made: dict[tuple[str, int], str] = {}
+
+    def model(seed: int, size: str = "tiny") -> str:
+        if (size, seed) not in made:
+            path = tmp_path_factory.mktemp(f"{size}-seed{seed}") / "m"
+            made[(size, seed)] = str(create_model_dir(path, size, "qwen2", seed=seed))
+        return made[(size, seed)]
+
+    return model
+
+
+@pytest.fixture(scope="module")
+def model_dir(request, tiny_models):
+    """The test module's model: its ``MODEL_SIZE`` (default tiny) built from its ``MODEL_SEED`` (default 11)."""
+    return tiny_models(getattr(request.module, "MODEL_SEED", 11), getattr(request.module, "MODEL_SIZE", "tiny"))
+
+
 @pytest.fixture(params=["local", pytest.param("ray", marks=pytest.mark.ray)])
 def backend(request):
     """Run a test on both backends; the ray one gets the session cluster."""

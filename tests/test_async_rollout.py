@@ -7,14 +7,10 @@ import numpy as np
 import pytest
 
 from hybridflow_lab.dataflows.pending import resolve
-from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.telemetry import Phase
 from hybridflow_lab.trainer.lab import Lab
 
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("async") / "m", "tiny", "qwen2", seed=11))
+MODEL_SEED = 11  # conftest's model_dir builds this module's tiny model with it
 
 
 def grpo_overrides(model_dir, run_dir, *extra):

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 import nbformat
 import pytest
 
-from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.trainer.lab import Lab
 from tests.browser import browser_page, free_port, keep_screenshot, needs_chromium, server
 from tests.test_lab import local_overrides
@@ -23,9 +22,7 @@ from tests.test_lab import local_overrides
 pytestmark = [pytest.mark.browser, pytest.mark.slow, needs_chromium]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("browser") / "m", "tiny", "qwen2", seed=11))
+MODEL_SEED = 11  # conftest's model_dir builds this module's tiny model with it
 
 
 def steps_shown(page) -> int:

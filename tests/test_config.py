@@ -11,12 +11,8 @@ import pytest
 import hybridflow_lab.config
 from hybridflow_lab.config import ConfigError, LabConfig, RolloutConfig, load_config, to_dict, validate
 from hybridflow_lab.dataflows.preflight import preflight
-from hybridflow_lab.models import create_model_dir
 
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("cfg") / "m", "tiny", "qwen2"))  # 4 heads, 2 kv heads
+MODEL_SEED = 0  # conftest's model_dir: 4 heads, 2 kv heads
 
 
 def test_yaml_and_overrides(tmp_path, model_dir):

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
-
 from hybridflow_lab.dataflows import register_algorithm
 from hybridflow_lab.dataflows.algorithm import ALGORITHMS
-from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.telemetry import WHOLE_BATCH, Phase, Span, dataflow_graph
 from hybridflow_lab.telemetry.dataflow_graph import node_html, to_svg
 from hybridflow_lab.trainer.lab import Lab
 from tests.test_lab import local_overrides
 
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("graph") / "m", "tiny", "qwen2", seed=5))
+MODEL_SEED = 5  # conftest's model_dir builds this module's tiny model with it
 
 
 def edge_columns(graph):

@@ -9,16 +9,12 @@ from hybridflow_lab.config import ConfigError
 from hybridflow_lab.config.presets import resolve_config
 from hybridflow_lab.dataflows import ALGORITHMS, AlgorithmError, RunNeeds, StepContext, register_algorithm
 from hybridflow_lab.dataflows.builtin import grpo
-from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.placement import Placement
 from hybridflow_lab.placement.workload import workload_from_config
 from hybridflow_lab.trainer.lab import Lab
 from tests.test_lab import local_overrides
 
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("dataflows") / "m", "tiny", "qwen2", seed=4))
+MODEL_SEED = 4  # conftest's model_dir builds this module's tiny model with it
 
 
 def actor_of(lab):

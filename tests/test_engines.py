@@ -9,7 +9,7 @@ from hybridflow_lab.config import OptimConfig
 from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup
 from hybridflow_lab.engines.host_offload import HostCopies, offload_optimizer_state, reload_optimizer_state
 from hybridflow_lab.engines.train_base import StepMetrics, build_optimizer, build_scheduler
-from hybridflow_lab.models import create_model_dir, load_causal_lm
+from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.smoke.checks import sequences
 from tests.engine_workers import EngineProbe
 
@@ -46,9 +46,7 @@ def test_step_metrics_report_sums_per_loss_unit_token_means_and_valid_maxima():
                                                              "mismatch": 0.5}
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("engines") / "tiny", "tiny", "qwen2", seed=3))
+MODEL_SEED = 3  # conftest's model_dir builds this module's tiny model with it
 
 
 @pytest.fixture(scope="module")

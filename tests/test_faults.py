@@ -17,7 +17,6 @@ import torch
 
 from hybridflow_lab.controller import WorkerCallError, WorkerCallTimeout
 from hybridflow_lab.controller.interrupts import interrupts_held
-from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.telemetry import Phase
 from hybridflow_lab.trainer import checkpointing
 from hybridflow_lab.trainer.checkpointing import CheckpointError
@@ -28,9 +27,7 @@ from hybridflow_lab.workers.reward_guard import RewardFunctionError, RewardGuard
 COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("faults") / "m", "tiny", "qwen2", seed=5))
+MODEL_SEED = 5  # conftest's model_dir builds this module's tiny model with it
 
 
 def run_overrides(model_dir, run_dir, backend="ray", *extra):

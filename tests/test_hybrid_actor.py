@@ -12,15 +12,12 @@ from hybridflow_lab.controller import ResourcePool
 from hybridflow_lab.dataflows import check_config
 from hybridflow_lab.dataflows.preflight import preflight
 from hybridflow_lab.hybrid import ParallelLayout, formula_bytes_per_rank
-from hybridflow_lab.models import create_model_dir, load_causal_lm
+from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.models.tensor_parallel import split_dim
 from hybridflow_lab.telemetry import Phase
 from tests.test_workers import actor_group, lab_config, prompts
 
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("hybrid-actor") / "m", "small", "qwen2", seed=11))
+MODEL_SIZE, MODEL_SEED = "small", 11  # conftest's model_dir builds this module's model
 
 
 def tp_config(model_dir: str, t: int, tg: int, strategy: str = "hybridflow", ranks: int = 4):

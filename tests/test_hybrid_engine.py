@@ -10,7 +10,7 @@ from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.sampling import SamplingParams
 from hybridflow_lab.engines.torch_rollout import generate, sequences_batch
 from hybridflow_lab.hybrid import STRATEGIES, ParallelLayout, formula_bytes_per_rank
-from hybridflow_lab.models import create_model_dir, load_causal_lm
+from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.models.tensor_parallel import split_dim
 from hybridflow_lab.protocol import DataBatch
 from tests.hybrid_workers import HybridEngineProbe
@@ -48,9 +48,7 @@ def test_the_hybrid_engine_refuses_pipeline_stages_naming_the_fix():
         layout.meshes()
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("hybrid") / "m", "small", "qwen2", seed=3))
+MODEL_SIZE, MODEL_SEED = "small", 3  # conftest's model_dir builds this module's model
 
 
 def reference(model, prompt_ids, prompt_mask, new_tokens):

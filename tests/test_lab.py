@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
 
 from hybridflow_lab.config import ConfigError
 from hybridflow_lab.dataflows import ALGORITHMS, register_algorithm
-from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
 from hybridflow_lab.models.onednn_decode import missing_onednn
+from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.trainer.lab import Lab
 from hybridflow_lab.ui.figures import recent_steps, timeline
 
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("lab") / "m", "tiny", "qwen2", seed=11))
+MODEL_SEED = 11  # conftest's model_dir builds this module's tiny model with it
 
 
 def local_overrides(model_dir, run_dir, *extra):
@@ -29,33 +28,88 @@ def local_overrides(model_dir, run_dir, *extra):
             "batch.micro_batch_sequences_per_rank=4", "task.eval_size=8", "rollout.max_new_tokens=5", *extra)
 
 
-def test_stages_cell_by_cell(model_dir, tmp_path):
-    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "algorithm.kl_loss_coef=0.1"))
+@dataclass
+class CellByCell:
+    """A GRPO iteration run one stage at a time, as notebook cells do, with what each stage returned."""
+
+    lab: Lab
+    prompts: DataBatch
+    generated: DataBatch
+    scored: DataBatch  # after reward, old_log_prob and ref_log_prob
+    advantaged: DataBatch
+    metrics: Any
+
+
+@pytest.fixture(scope="module")
+def cell_by_cell(model_dir, tmp_path_factory):
+    lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path_factory.mktemp("cells") / "run",
+                                                          "algorithm.kl_loss_coef=0.1"))
     prompts = lab.next_prompts()
-    assert len(prompts) == 4 and prompts["uid"].tolist() == [0, 1, 2, 3]
-    batch = lab.generate(prompts)
+    generated = lab.generate(prompts)
+    scored = lab.ref_log_prob(lab.old_log_prob(lab.reward(generated)))
+    advantaged = lab.advantages(scored)
+    yield CellByCell(lab, prompts, generated, scored, advantaged, lab.update_actor(advantaged))
+    lab.shutdown()
+
+
+CELLS = pytest.mark.xdist_group("cell_by_cell")  # one iteration for these tests
+
+
+@CELLS
+def test_next_prompts_draws_a_batch_of_prompts_each_with_its_group_id(cell_by_cell):
+    assert len(cell_by_cell.prompts) == 4 and cell_by_cell.prompts["uid"].tolist() == [0, 1, 2, 3]
+
+
+@CELLS
+def test_generate_returns_the_samples_of_each_prompt_together(cell_by_cell):
+    batch = cell_by_cell.generated
     assert len(batch) == 16 and batch["uid"].tolist()[:4] == [0, 0, 0, 0]
-    summary = batch.summary  # what a notebook shows for the stage's output
+
+
+@CELLS
+def test_a_stages_output_carries_the_summary_a_notebook_shows(cell_by_cell):
+    batch = cell_by_cell.generated
+    summary = batch.summary
     assert summary.stage == "generate" and summary.rows == 16 and summary.seconds > 0
     assert summary.tokens == int(batch["attention_mask"].sum()) and summary.bytes_moved > 0
     assert list(summary.worker_calls.values()) == [[0]] and len(summary.samples) == 3
     assert summary.headline() in batch._repr_html_()
-    batch = lab.ref_log_prob(lab.old_log_prob(lab.reward(batch)))
+
+
+@CELLS
+def test_the_reference_of_a_policy_not_yet_updated_gives_the_policys_own_log_probs(cell_by_cell):
+    batch = cell_by_cell.scored
     assert {"scores", "token_level_scores", "old_log_probs", "entropy", "ref_log_probs"} <= set(batch.keys())
     torch.testing.assert_close(batch["ref_log_probs"], batch["old_log_probs"], rtol=1e-5, atol=1e-5)
-    batch = lab.advantages(batch)
-    per_group = (batch["advantages"][:, 0]).view(4, 4)
-    assert torch.allclose(per_group.sum(-1), torch.zeros(4), atol=1e-4)  # group-normalised
-    metrics = lab.update_actor(batch)
+
+
+@CELLS
+def test_grpo_advantages_sum_to_zero_within_each_group(cell_by_cell):
+    per_group = cell_by_cell.advantaged["advantages"][:, 0].view(4, 4)
+    assert torch.allclose(per_group.sum(-1), torch.zeros(4), atol=1e-4)
+
+
+@CELLS
+def test_update_actor_returns_its_metrics_shown_with_the_stages_summary(cell_by_cell):
+    metrics = cell_by_cell.metrics
     assert {"actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/kl"} <= metrics.keys()
     assert metrics.summary.stage == "update_actor" and "update_actor (step 0)" in metrics._repr_html_()
-    frame = lab.show(batch, rows=3)
+
+
+@CELLS
+def test_show_tables_the_prompts_as_the_model_read_them(cell_by_cell):
+    batch = cell_by_cell.advantaged
+    frame = cell_by_cell.lab.show(batch, rows=3)
     assert list(frame.columns) == ["prompt", "response", "ground_truth", "score", "advantage"] and len(frame) == 3
     assert frame["prompt"].tolist() == list(batch["prompt_text"][:3])
-    stages = {s.name for s in lab.telemetry.spans() if s.phase.value == "stage"}
+
+
+@CELLS
+def test_every_span_of_the_stages_worker_ones_included_knows_its_stage_and_step(cell_by_cell):
+    spans = cell_by_cell.lab.telemetry.spans()
+    stages = {s.name for s in spans if s.phase.value == "stage"}
     assert {"next_prompts", "generate", "reward", "old_log_prob", "ref", "adv", "update_actor"} <= stages
-    assert {s.step for s in lab.telemetry.spans()} == {0}  # every span, worker ones included, knows its step
-    lab.shutdown()
+    assert {s.step for s in spans} == {0}
 
 
 @pytest.mark.parametrize(("minibatch", "needs_pass"), [(16, False), (8, True)])

@@ -10,7 +10,7 @@ from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup
 from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.forward import count_response_tokens, response_nll
 from hybridflow_lab.hybrid.engine import state_dict_sink
-from hybridflow_lab.models import create_model_dir, load_causal_lm
+from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.models.decoder import enable_gradient_checkpointing
 from hybridflow_lab.models.lora import (
     ADAPTER_WEIGHTS,
@@ -26,10 +26,7 @@ from tests.engine_workers import EngineProbe
 from tests.test_engines import sequences
 from tests.test_lab import local_overrides
 
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("lora") / "m", "tiny", "qwen2", seed=5))
+MODEL_SEED = 5  # conftest's model_dir builds this module's tiny model with it
 
 
 def adapted(model_dir, rank=4, seed=0):

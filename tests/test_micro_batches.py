@@ -45,9 +45,7 @@ def test_outputs_of_token_micro_batches_come_back_in_row_order(tmp_path):
     torch.testing.assert_close(parts, whole, rtol=0, atol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("micro") / "tiny", "tiny", "qwen2", seed=3))
+MODEL_SEED = 3  # conftest's model_dir builds this module's tiny model with it
 
 
 @pytest.mark.ray

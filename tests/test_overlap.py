@@ -8,16 +8,12 @@ import pytest
 import torch
 
 from hybridflow_lab.dataflows.pending import PendingBatch, StageFuture, StageNotRun, StageTimeout
-from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.telemetry import Phase
 from hybridflow_lab.trainer.lab import Lab
 from hybridflow_lab.ui.figures import timeline
 
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("overlap") / "m", "tiny", "qwen2", seed=11))
+MODEL_SEED = 11  # conftest's model_dir builds this module's tiny model with it
 
 
 def ppo_overrides(model_dir, run_dir, critic_pool, *extra):

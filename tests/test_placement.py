@@ -6,7 +6,6 @@ import pytest
 
 from hybridflow_lab.config import ConfigError
 from hybridflow_lab.hybrid import ParallelLayout
-from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.placement import Placement
 from hybridflow_lab.placement.hardware import PROFILES
 from hybridflow_lab.placement.workload import Workload
@@ -15,9 +14,7 @@ from hybridflow_lab.trainer.lab import Lab
 PAPER_MODELS = ("actor", "critic", "reference", "reward")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("placement") / "m", "tiny", "qwen2", seed=2))
+MODEL_SEED = 2  # conftest's model_dir builds this module's tiny model with it
 
 
 def test_the_papers_named_layouts():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.trainer.lab import Lab
 from hybridflow_lab.trainer.run_stages import TRAINING_COLUMNS
 from tests.test_lab import local_overrides
@@ -14,9 +13,7 @@ NEXT_STEP = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_
              "response_length/mean")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("reconfigure") / "m", "tiny", "qwen2", seed=6))
+MODEL_SEED = 6  # conftest's model_dir builds this module's tiny model with it
 
 
 def ppo(model_dir, run_dir, *extra):

@@ -13,7 +13,6 @@ from hybridflow_lab import DataBatch
 from hybridflow_lab.algorithms import get_advantage_estimator, kl_estimate
 from hybridflow_lab.algorithms.masked import token_level
 from hybridflow_lab.dataflows import ALGORITHMS
-from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.trainer.lab import Lab
 from hybridflow_lab.trainer.run_stages import TRAINING_COLUMNS
 
@@ -21,9 +20,7 @@ BETA = 0.5
 PROMPTS, SAMPLES, LENGTH = 4, 4, 5
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("settings") / "m", "tiny", "qwen2", seed=3))
+MODEL_SEED = 3  # conftest's model_dir builds this module's tiny model with it
 
 
 def local_overrides(model_dir, run_dir, *extra):

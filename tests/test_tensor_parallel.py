@@ -6,15 +6,12 @@ import pytest
 import torch
 
 from hybridflow_lab.controller import Mesh, ResourcePool, Role, WorkerGroup
-from hybridflow_lab.models import create_model_dir, load_causal_lm
+from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.models.tensor_parallel import TensorParallel, check_shardable, shard, split_dim
 from tests.hybrid_workers import TensorParallelProbe
 
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("tp") / "m", "small", "qwen2", seed=5))
+MODEL_SIZE, MODEL_SEED = "small", 5  # conftest's model_dir builds this module's model
 
 
 def test_which_weights_split_along_which_dimension():

@@ -10,7 +10,6 @@ import torch
 
 from hybridflow_lab.config import ConfigError
 from hybridflow_lab.config.presets import resolve_config
-from hybridflow_lab.models import create_model_dir
 from hybridflow_lab.placement import Placement, Suggestion
 from hybridflow_lab.telemetry import Phase, Span
 from hybridflow_lab.trainer.lab import Lab
@@ -19,10 +18,7 @@ from hybridflow_lab.ui import compare_runs, dashboard, figures, placement_board
 from hybridflow_lab.ui.run_files import JsonlTail, RunFiles
 from tests.test_lab import local_overrides
 
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("ui") / "m", "tiny", "qwen2", seed=11))
+MODEL_SEED = 11  # conftest's model_dir builds this module's tiny model with it
 
 
 def ppo_config(model_dir, *extra):

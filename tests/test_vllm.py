@@ -33,9 +33,7 @@ TOKENIZER = char_tokenizer()
 NEW_TOKENS = 12
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("vllm") / "m", "tiny", "qwen2", seed=3))
+MODEL_SEED = 3  # conftest's model_dir builds this module's tiny model with it
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from hybridflow_lab.config import EngineConfig
 from hybridflow_lab.controller import ResourcePool
 from hybridflow_lab.demos.rl_demo import DEMO_TASKS, rl_lab
 from hybridflow_lab.demos.warm_cache import cached_warm_start
-from hybridflow_lab.models import create_model_dir, load_causal_lm
+from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.telemetry import Phase
 from hybridflow_lab.ui.figures import recent_steps, timeline
 from tests.test_workers import actor_group, check_actor_round, lab_config
@@ -26,9 +26,7 @@ pytest.importorskip("vllm", reason="vLLM's CPU build is not installed: `make lab
 pytestmark = [pytest.mark.vllm, pytest.mark.ray]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("vllm") / "m", "tiny", "qwen2", seed=3))
+MODEL_SEED = 3  # conftest's model_dir builds this module's tiny model with it
 
 
 # ---------------------------------------------------------------- the actor on Ray ranks, each training engine

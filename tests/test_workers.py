@@ -16,7 +16,7 @@ from hybridflow_lab.config import (
     RolloutConfig,
 )
 from hybridflow_lab.controller import ResourcePool, Role, WorkerCallError, WorkerGroup
-from hybridflow_lab.models import char_tokenizer, create_model_dir, load_causal_lm, save_model_dir
+from hybridflow_lab.models import char_tokenizer, load_causal_lm, save_model_dir
 from hybridflow_lab.models.heads import last_token_scores, load_scalar_model
 from hybridflow_lab.tasks.prompts import encode_prompts
 from hybridflow_lab.workers import ActorWorker, CriticWorker, RewardModelWorker, rule_scores
@@ -24,9 +24,7 @@ from hybridflow_lab.workers import ActorWorker, CriticWorker, RewardModelWorker,
 PROMPTS = ["1+2=", "30+4=", "5+60=", "7+8="]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return str(create_model_dir(tmp_path_factory.mktemp("workers") / "m", "tiny", "qwen2", seed=9))
+MODEL_SEED = 9  # conftest's model_dir builds this module's tiny model with it
 
 
 def lab_config(model_dir: str, backend: str = "ray", engine: str = "deepspeed", stage: int = 2, ranks: int = 2,

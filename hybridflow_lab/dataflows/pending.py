@@ -110,6 +110,10 @@ class PendingMetrics(Mapping[str, float]):
     def __len__(self) -> int:
         return len(self.future.output())
 
+    def done(self) -> bool:
+        """Whether the update has finished (never blocks)."""
+        return self.future.done()
+
     @property
     def summary(self) -> Any:
         """The stage's ``StageSummary`` (waiting for the update)."""

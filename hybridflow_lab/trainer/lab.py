@@ -11,19 +11,19 @@ The Lab is a façade over its parts: ``RunGroups`` (the worker groups), ``RunSta
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.config.presets import resolve_config
 from hybridflow_lab.controller import WorkerCallError, WorkerGroup
 from hybridflow_lab.dataflows import Metrics, RunNeeds, check_config
-from hybridflow_lab.dataflows.pending import Batch, PendingMetrics
 from hybridflow_lab.dataflows.preflight import resolve_device
 from hybridflow_lab.engines import TrainingState
 from hybridflow_lab.models.tokenizers import load_tokenizer
@@ -51,6 +51,17 @@ if TYPE_CHECKING:
 
 _running_labs: dict[str, weakref.ref[Lab]] = {}  # by name: what a re-run notebook cell replaces
 RAY_LOG = "ray.log"  # Ray's start-up lines, kept out of notebook cells
+T = TypeVar("T")
+
+
+def _stage(method: Callable[..., T]) -> Callable[..., T]:
+    """``method`` of ``RunStages`` as a method of the Lab, with its signature and docstring."""
+
+    @functools.wraps(method)
+    def stage(self: Lab, *args: Any, **kwargs: Any) -> T:
+        return getattr(self._stages, method.__name__)(*args, **kwargs)
+
+    return stage
 
 
 class Lab:
@@ -188,54 +199,19 @@ class Lab:
         error.add_note(f"in the Lab's {stage!r} stage, {self.step_index} steps completed; "
                        + recovery_hint(self.run_dir))
 
-    # ------------------------------------------------------------------ stages (RunStages says what each does)
-    def next_prompts(self, n: int | None = None) -> DataBatch:
-        """The next ``rollout_batch_prompts`` prompts, left-padded, with ground truths and group ids (``uid``)."""
-        return self._stages.next_prompts(n)
-
-    def rollout(self) -> Batch:
-        """This step's responses: generated now, or ahead of training (``rollout.max_staleness``)."""
-        return self._stages.rollout()
-
-    def generate(self, prompts: Batch, greedy: bool = False, n: int | None = None) -> Batch:
-        """Responses to ``prompts`` (``samples_per_prompt`` each unless ``n``), each with its ``policy_version``."""
-        return self._stages.generate(prompts, greedy, n)
-
-    def reward(self, batch: Batch) -> Batch:
-        """``scores`` and ``token_level_scores`` (the task's rule or the reward model); ``costs`` with a cost rule."""
-        return self._stages.reward(batch)
-
-    def shape_rewards(self, batch: Batch) -> Batch:
-        """``scores`` with DAPO's overlong penalty (``algorithm.overlong_buffer``)."""
-        return self._stages.shape_rewards(batch)
-
-    def old_log_prob(self, batch: Batch) -> Batch:
-        """``old_log_probs`` and ``entropy`` of the responses under the current policy."""
-        return self._stages.old_log_prob(batch)
-
-    def ref_log_prob(self, batch: Batch) -> Batch:
-        """``ref_log_probs`` under the frozen reference policy."""
-        return self._stages.ref_log_prob(batch)
-
-    def values(self, batch: Batch) -> Batch:
-        """The critic's ``values`` per response token."""
-        return self._stages.values(batch)
-
-    def kl_penalty(self, batch: Batch) -> Batch:
-        """``token_rewards``: the scores minus beta times each token's KL to the reference (``kl_reward_coef``)."""
-        return self._stages.kl_penalty(batch)
-
-    def advantages(self, batch: Batch, estimator: str | None = None, scores: str = "scores") -> Batch:
-        """``advantages`` and ``returns`` with the algorithm's estimator (or ``estimator``)."""
-        return self._stages.advantages(batch, estimator, scores)
-
-    def update_critic(self, batch: Batch) -> PendingMetrics:
-        """One pass of critic updates (needs ``values`` and ``returns``); its metrics."""
-        return self._stages.update_critic(batch)
-
-    def update_actor(self, batch: Batch) -> PendingMetrics:
-        """Policy updates (needs ``advantages``); its metrics. A rollout group of its own gets the new weights."""
-        return self._stages.update_actor(batch)
+    # ------------------------------------------------------------------ stages (RunStages has their docs)
+    next_prompts = _stage(RunStages.next_prompts)
+    rollout = _stage(RunStages.rollout)
+    generate = _stage(RunStages.generate)
+    reward = _stage(RunStages.reward)
+    shape_rewards = _stage(RunStages.shape_rewards)
+    old_log_prob = _stage(RunStages.old_log_prob)
+    ref_log_prob = _stage(RunStages.ref_log_prob)
+    values = _stage(RunStages.values)
+    kl_penalty = _stage(RunStages.kl_penalty)
+    advantages = _stage(RunStages.advantages)
+    update_critic = _stage(RunStages.update_critic)
+    update_actor = _stage(RunStages.update_actor)
 
     @contextmanager
     def overlapped(self, enabled: bool = True) -> Iterator[None]:
