@@ -177,6 +177,14 @@ def test_verl_kl_names_are_read_as_the_projects_and_the_aggregation_follows_the_
     config = load_config(LabConfig, overrides=["algorithm.kl_loss_kind=low_var_kl", "algorithm.kl_reward_kind=kl"])
     assert (config.algorithm.kl_loss_kind, config.algorithm.kl_reward_kind) == ("k3", "k1")
     assert to_dict(config)["algorithm"]["kl_loss_kind"] == "k3"
+
+
+def test_the_config_and_the_kl_estimators_read_verls_kl_names_alike():
+    """The configuration (which imports no algorithm code) keeps its own copy of verl's KL names."""
+    from hybridflow_lab.algorithms import kl
+    from hybridflow_lab.config import schema
+
+    assert schema.KL_ALIASES == kl.KL_ALIASES
     aggregation = {(name, loss): load_config(LabConfig, overrides=[f"algorithm.name={name}",
                                                                    f"algorithm.policy_loss={loss}"]).algorithm.aggregation
                    for name, loss in (("grpo", "ppo"), ("dr_grpo", "ppo"), ("grpo", "gspo"), ("ppo", "cispo"))}

@@ -92,30 +92,41 @@ def test_a_local_ray_keeps_token_authentication_on(ray_cluster):
     assert get_authentication_mode() == AuthenticationMode.TOKEN
 
 
+BREAKPOINT_IN_A_WORKER = """
+import json, os, socket, time
+import ray
+from ray._private.ray_constants import KV_NAMESPACE_PDB
+from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
+from hybridflow_lab.controller import init_cluster
+
+init_cluster(num_cpus=1)
+
+@ray.remote
+def stop_here():
+    breakpoint()
+    return os.environ["RAY_DEBUG"]
+
+stopped = stop_here.remote()
+deadline = time.monotonic() + 90
+while not (keys := _internal_kv_list("RAY_PDB_", namespace=KV_NAMESPACE_PDB)) and time.monotonic() < deadline:
+    time.sleep(0.2)
+host, port = json.loads(_internal_kv_get(keys[0], namespace=KV_NAMESPACE_PDB))["pdb_address"].rsplit(":", 1)
+with socket.create_connection(("127.0.0.1", int(port)), timeout=30) as pdb:
+    pdb.sendall(b"continue\\n")
+    print(json.dumps({"host": host, "debugger": ray.get(stopped, timeout=60)}))
+"""
+
+
 @pytest.mark.ray
-def test_a_breakpoint_in_a_ray_worker_listens_on_loopback_and_continues_when_told(ray_cluster):
+def test_a_breakpoint_in_a_ray_worker_listens_on_loopback_and_continues_when_told():
     """Ray's default debugger (``RAY_DEBUG=1``) would listen on the node's address with no authentication; the
-    project's Ray workers open Ray's pdb on 127.0.0.1 instead, which ``ray debug`` (here: a socket) attaches to."""
-    import time
-
-    from ray._private.ray_constants import KV_NAMESPACE_PDB
-    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
-
-    @ray_cluster.remote
-    def stop_here() -> str:
-        breakpoint()
-        return os.environ["RAY_DEBUG"]
-
-    stopped = stop_here.remote()
-    deadline = time.monotonic() + 60
-    while not (keys := _internal_kv_list("RAY_PDB_", namespace=KV_NAMESPACE_PDB)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    where = json.loads(_internal_kv_get(keys[0], namespace=KV_NAMESPACE_PDB))["pdb_address"]
-    host, port = where.rsplit(":", 1)
-    assert host == "localhost"
-    with socket.create_connection(("127.0.0.1", int(port)), timeout=30) as pdb:
-        pdb.sendall(b"continue\n")
-        assert ray_cluster.get(stopped, timeout=60) == "legacy"
+    project's Ray workers open Ray's pdb on 127.0.0.1 instead, which ``ray debug`` (here: a socket) attaches to.
+    In a Ray of its own, started the way a Lab starts one, in a fresh process."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_DEBUG"}
+    done = subprocess.run([sys.executable, "-c", BREAKPOINT_IN_A_WORKER], capture_output=True, text=True,
+                          timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"host": "localhost", "debugger": "legacy"}
 
 
 def test_init_cluster_refuses_an_unexposed_ray_dashboard_host_before_starting_ray():

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hybridflow_lab.config import KL_ALIASES
-
+KL_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}  # verl's names for the same estimators
 KL_KINDS = ("k1", "k2", "k3", "abs")
 MAX_LOG_RATIO = 20.0  # log-ratios are clamped to +-20 before exp: exp(20) is finite, exp(100) * 0 is NaN
 

@@ -12,7 +12,7 @@ TRAIN_BACKENDS: tuple[str, ...] = get_args(TrainBackend)
 RESHARD_STRATEGIES: tuple[str, ...] = get_args(ReshardStrategy)
 
 
-KL_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}  # verl's names for the same KL estimators
+KL_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}  # verl's KL names, as algorithms.kl reads them too
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # LoRA's targets
 
 

@@ -57,11 +57,11 @@ class WorkerCallTimeout(WorkerCallError):
         self.timeout_s = timeout_s
 
     def __str__(self) -> str:
-        ranks = ", ".join(map(str, self.still_running))
-        return (f"worker group {self.group!r}, role {self.role!r}: rank{'s' if len(self.still_running) > 1 else ''} "
-                f"{ranks} did not answer {self.method!r} within {self.timeout_s:g} s (the group's call timeout, "
-                "trainer.stage_timeout_s in a Lab); they are still running (hung, or waiting in a collective for a "
-                "peer): shut the group down or rebuild it")
+        several = len(self.still_running) > 1
+        return (f"worker group {self.group!r}, role {self.role!r}: rank{'s' if several else ''} "
+                f"{', '.join(map(str, self.still_running))} did not answer {self.method!r} within {self.timeout_s:g} s "
+                f"(the group's call timeout, trainer.stage_timeout_s in a Lab); {'they are' if several else 'it is'} "
+                "still running (hung, or waiting in a collective for a peer): shut the group down or rebuild it")
 
 
 class WorkerGroupClosed(RuntimeError):

@@ -110,6 +110,7 @@ class Lab:
     log = property(lambda self: self._loop.log, doc="The run directory's metrics log (and wandb's run).")
     groups = property(lambda self: self._groups.by_role, doc="The running worker groups by role.")
     trained_roles = property(lambda self: self.needs.trained_roles, doc="The roles with weights that train.")
+    models = property(lambda self: self.needs.models, doc="The models the stages run on (the graph's rows).")
     reward_guard = property(lambda self: RewardGuard.from_config(self.config.task),
                             doc="How rows the task's reward function cannot score are handled.")
     current_step = property(lambda self: self._stages.current_step,

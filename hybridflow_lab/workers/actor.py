@@ -278,7 +278,7 @@ def probe_update(model: torch.nn.Module, batch: DataBatch, config: LabConfig
     without applying it; and each row's policy loss per token (a replay's probe, ``trainer.replay``)."""
     algorithm = config.algorithm
     engine = TorchEngine(model, config.actor.optim)
-    rows = batch.union(DataBatch({ROW: torch.arange(len(batch))}))
+    rows = batch.union(DataBatch({ROW: torch.arange(len(batch), device=batch["response_mask"].device)}))
     micros = micro_batches(next(minibatches(rows, len(rows), 1, config.seed)), config.batch, engine).parts
     metrics, pg_losses = policy_gradients(engine, micros, config, get_policy_loss(algorithm.policy_loss),
                                           algorithm.kl_loss_coef)
