@@ -44,7 +44,6 @@ from hybridflow_lab.trainer.run_state import RunState
 from hybridflow_lab.trainer.stage_runner import StageRunner
 from hybridflow_lab.trainer.stages import Stage
 from hybridflow_lab.trainer.task_setup import TaskSetup, build_task
-from hybridflow_lab.workers.reward_guard import RewardGuard
 
 if TYPE_CHECKING:
     from hybridflow_lab.placement import Placement
@@ -111,7 +110,7 @@ class Lab:
     groups = property(lambda self: self._groups.by_role, doc="The running worker groups by role.")
     trained_roles = property(lambda self: self.needs.trained_roles, doc="The roles with weights that train.")
     models = property(lambda self: self.needs.models, doc="The models the stages run on (the graph's rows).")
-    reward_guard = property(lambda self: RewardGuard.from_config(self.config.task),
+    reward_guard = property(lambda self: self._stages.reward_guard,
                             doc="How rows the task's reward function cannot score are handled.")
     current_step = property(lambda self: self._stages.current_step,
                             doc="The step the stages record into (metrics, seconds, seeds).")
@@ -124,7 +123,7 @@ class Lab:
 
     @property
     def critic(self) -> WorkerGroup:
-        return self._groups.get("critic", f"algorithm {self.config.algorithm.name!r} runs without a critic")
+        return self._stages.critic
 
     @property
     def placement(self) -> Placement:

@@ -15,6 +15,7 @@ import torch
 
 from hybridflow_lab.algorithms.masked import token_level
 from hybridflow_lab.algorithms.registry import get_advantage_estimator, get_policy_loss
+from hybridflow_lab.algorithms.safe_rlhf import LagrangeMultiplier
 from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import WorkerGroup
 from hybridflow_lab.dataflows import Metrics, RunNeeds, StepContext
@@ -55,7 +56,7 @@ class RunStages:
         return self.prompts.task
 
     @property
-    def lagrange(self) -> Any:
+    def lagrange(self) -> LagrangeMultiplier:
         return self.state.lagrange
 
     @property
@@ -80,6 +81,10 @@ class RunStages:
 
     def group(self, role: str) -> WorkerGroup:
         return self.groups.get(role, "the Lab's worker groups are not running; call lab.start()")
+
+    @property
+    def critic(self) -> WorkerGroup:
+        return self.groups.get("critic", f"algorithm {self.config.algorithm.name!r} runs without a critic")
 
     def timed(self, stage: Stage) -> AbstractContextManager[StageSummary]:
         """Time a controller-side stage of the current step (``timing_s/<stage>``, a STAGE span)."""
@@ -194,8 +199,7 @@ class RunStages:
 
     def values(self, batch: Batch) -> Batch:
         """The critic's ``values`` per response token."""
-        critic = self.groups.get("critic", f"algorithm {self.config.algorithm.name!r} runs without a critic")
-        return self._batch_stage(Stage.VALUES, "critic", batch, critic.compute_values, TRAINING_COLUMNS,
+        return self._batch_stage(Stage.VALUES, "critic", batch, self.critic.compute_values, TRAINING_COLUMNS,
                                  ("values",))
 
     # ------------------------------------------------------------------ rewards into advantages
@@ -243,7 +247,7 @@ class RunStages:
     def update_critic(self, batch: Batch) -> PendingMetrics:
         """One pass of critic updates over the step's sequences (needs ``values`` and ``returns``); its metrics,
         recorded in the step."""
-        critic = self.groups.get("critic", f"algorithm {self.config.algorithm.name!r} runs without a critic")
+        critic = self.critic
         step, seed = self.current_step, self.current_step.seed(Stage.UPDATE_CRITIC)
 
         def update(rows: DataBatch, summary: StageSummary) -> Metrics:
