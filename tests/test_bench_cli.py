@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from hybridflow_lab.bench.e2e import NATURAL_LENGTHS, compile_settings
 from tests.test_cli import run_cli
 
 pytestmark = pytest.mark.slow
@@ -78,32 +79,22 @@ print(json.dumps({"bench": "trl_grpo", "step_s": [i + 1.0 for i in range(steps)]
 """
 
 
+def test_e2e_bf16_workload_compiles_its_layers_and_decodes_with_the_compiled_step():
+    decode, report = compile_settings("deepspeed", None, bf16=True)
+    assert decode == ("rollout.decoding=compiled", "actor.engine.torch_compile=true")
+    assert report == {"decode_step": "compiled (the oneDNN step runs float32 only)", "layers": "compiled"}
+
+
 @pytest.mark.ray
-def test_bench_e2e_standard_bf16_trains_in_bf16_and_reports_the_peer_alternating_then_alone(tmp_path):
+def test_bench_e2e_counts_the_real_tokens_of_the_natural_workload_and_reports_the_peer_alternating_then_alone(
+        tmp_path):
     (tmp_path / "bin").mkdir()
     python = tmp_path / "bin" / "python"
     python.write_text(f"#!/bin/sh\nexec {sys.executable} -c '{FAKE_TRL}' \"$@\"\n")
     python.chmod(0o755)
-    report = json.loads(run_cli("bench", "e2e", "--quick", "--workload", "standard-bf16", "--peer", str(tmp_path)))
-    assert report["workload"] == "standard-bf16" and report["precision"] == "bfloat16"
-    assert report["layers"] == "compiled"  # bf16 weights, a bf16 reference
-    assert report["decode_step"] == "compiled (the oneDNN step runs float32 only)"
-    assert report["peer"]["torch_compile"]  # TRL's trainer compiles where ours do
-    assert report["tokens_per_step"] == 5120 and report["matmul_gflops"] > 0
-    # TRL's measured steps: one after our block, then one alone, after our step alone and our Lab's shutdown
-    assert report["peer"]["step_s"] == [1.0, 2.0]
-    assert (report["peer_step_s"], report["peer_alone_step_s"]) == (1.0, 2.0)
-    assert report["ratio_vs_peer"] == pytest.approx(report["tokens_per_s_median"] / 5120, abs=1e-3)
-    assert report["alone_tok_s"] == pytest.approx(5120 / report["alone_step_s"], rel=2e-3)
-    assert report["ratio_vs_peer_alone"] == pytest.approx(report["alone_tok_s"] / 2560, abs=1e-3)
-
-
-@pytest.mark.ray
-def test_bench_e2e_natural_workload_counts_the_real_tokens_of_its_forced_lengths(tmp_path):
-    from hybridflow_lab.bench.e2e import NATURAL_LENGTHS
-
-    report = json.loads(run_cli("bench", "e2e", "--quick", "--workload", "natural", "--engine", "torch"))
-    assert report["workload"] == "natural" and report["engine"] == "torch"
+    report = json.loads(run_cli("bench", "e2e", "--quick", "--workload", "natural", "--engine", "torch",
+                                "--peer", str(tmp_path)))
+    assert report["workload"] == "natural" and report["engine"] == "torch" and report["precision"] == "float32"
     assert (report["decode_step"], report["layers"]) == ("onednn", "compiled")
     assert report["tokens_counted"] == "real prompt + response tokens"
     prompt_tokens = report["tokens_per_step"] / 64 - sum(NATURAL_LENGTHS) / len(NATURAL_LENGTHS)
@@ -112,6 +103,16 @@ def test_bench_e2e_natural_workload_counts_the_real_tokens_of_its_forced_lengths
     assert report["step_gflop"] == pytest.approx(5 * forward / 1e9, abs=0.1)  # at each response token
     assert set(report["stage_flop_fraction"]) == {"generate", "ref", "update_actor"}
     assert all(0 < f < 1.5 for f in report["stage_flop_fraction"].values())
+    assert report["peer"]["torch_compile"]  # TRL's trainer compiles where ours do
+    # TRL's measured steps: one after our block, then one alone, after our step alone and our Lab's shutdown
+    assert report["peer"]["step_s"] == [1.0, 2.0]
+    assert (report["peer_step_s"], report["peer_alone_step_s"]) == (1.0, 2.0)
+    assert report["ratio_vs_peer"] == pytest.approx(report["tokens_per_s_median"] / 5120, abs=1e-3)
+    assert report["alone_tok_s"] > 0 and report["alone_step_s"] > 0
+    assert report["ratio_vs_peer_alone"] == pytest.approx(report["alone_tok_s"] / 2560, abs=1e-3)
+
+
+def test_bench_e2e_names_a_missing_peer_environment_and_refuses_a_workload_outside_e2e(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "hybridflow_lab.cli", "bench", "e2e", "--quick", "--peer",
                               str(tmp_path / "no-venv")], capture_output=True, text=True, timeout=600)
     assert missing.returncode != 0 and "make trl-env" in missing.stderr

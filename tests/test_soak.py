@@ -1,13 +1,14 @@
-"""The soak bench's arithmetic (the bench itself runs in tests/test_bench_cli.py) and the ranks' allocator."""
+"""The soak bench's arithmetic (the bench itself runs in tests/test_bench_cli.py) and the ranks' heap release."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+
 import pytest
 
-from hybridflow_lab.bench.soak import c_allocator, slope_per_100
-from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup
-from hybridflow_lab.telemetry import TelemetryStore
-from tests.workers import Echo
+from hybridflow_lab.bench.soak import slope_per_100
+from hybridflow_lab.controller.memory import HeapRelease, resident_mb
 
 
 def test_soak_growth_is_the_least_squares_slope_per_100_steps():
@@ -16,10 +17,22 @@ def test_soak_growth_is_the_least_squares_slope_per_100_steps():
     assert slope_per_100([5.0]) == 0.0
 
 
-@pytest.mark.ray
-def test_ray_ranks_run_on_jemalloc_so_freed_memory_goes_back_to_the_os(ray_cluster):
-    group = WorkerGroup(Role(Echo), ResourcePool(2), backend="ray", telemetry=TelemetryStore())
-    try:
-        assert [c_allocator(pid) for pid in group.pids()] == ["jemalloc", "jemalloc"]
-    finally:
-        group.shutdown()
+def _heap_with_a_freed_hole(mib: int) -> None:
+    """Leave ``mib`` MiB of freed, touched blocks under a live one, where glibc keeps them for reuse."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(4096) for _ in range(mib * 256)]
+    for block in blocks:
+        ctypes.memset(block, 1, 4096)
+    for block in blocks[:-1]:
+        libc.free(block)
+
+
+def test_a_ranks_freed_heap_goes_back_to_the_os_once_a_period():
+    _heap_with_a_freed_hole(200)
+    held = resident_mb()
+    assert not HeapRelease(every_s=3600).after_call()
+    assert resident_mb() > held - 20
+    assert HeapRelease(every_s=0).after_call()
+    assert resident_mb() < held - 150

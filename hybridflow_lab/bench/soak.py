@@ -4,10 +4,9 @@ Steps the standard workload (bench e2e's, torch engine) for ``minutes``, checkpo
 ``save_every`` steps, and samples the resident memory of the controller and of every worker rank
 after each step. Growth is the least-squares slope of resident memory over the steps after the first
 ``warmup`` (whose allocations are not a leak), per 100 steps, over the whole run and over its second
-half. Resident memory also holds freed memory the C allocator keeps for reuse, so the report names each
-rank's allocator (jemalloc for CPU ranks, ``controller.ray_backend.rank_runtime_env``) and adds what stays
-resident after glibc's allocator hands its free heap back (``controller.memory.memory_report``; jemalloc
-hands it back by itself) and the live Python objects at the start and the end. Telemetry size is what the
+half. Resident memory also holds freed memory the C allocator keeps for reuse (each rank hands it back every
+10 s, ``controller.memory.HeapRelease``), so the report adds what stays resident after a last release
+(``controller.memory.memory_report``) and the live Python objects at the start and the end. Telemetry size is what the
 run directory's telemetry and metrics files hold at the end, with the spans recorded and those the
 controller keeps in memory (the newest ``TelemetryStore.max_spans``; spans.jsonl has them all).
 """
@@ -17,7 +16,6 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from hybridflow_lab.bench.e2e import standard_lab
@@ -34,11 +32,6 @@ def slope_per_100(values: list[float]) -> float:
     mean_step, mean_value = statistics.fmean(steps), statistics.fmean(values)
     covariance = sum((s - mean_step) * (v - mean_value) for s, v in zip(steps, values, strict=True))
     return 100 * covariance / sum((s - mean_step) ** 2 for s in steps)
-
-
-def c_allocator(pid: int) -> str:
-    """The C allocator process ``pid`` runs on: ``jemalloc`` where it has the library mapped, else ``glibc``."""
-    return "jemalloc" if "libjemalloc" in Path(f"/proc/{pid}/maps").read_text() else "glibc"
 
 
 def _growth(series: list[list[float]]) -> tuple[float, float]:
@@ -69,7 +62,6 @@ def run(minutes: float = 10.0, save_every: int = 10, ranks: int = 2, warmup: int
             telemetry_bytes = sum((lab.run_dir / name).stat().st_size for name in TELEMETRY_FILES
                                   if (lab.run_dir / name).is_file())
             spans_recorded, spans_in_memory = lab.telemetry.recorded, len(lab.telemetry)
-            allocators = [c_allocator(pid) for pid in workers]
         finally:
             lab.shutdown()
     controller_growth, controller_late = _growth([controller])
@@ -81,7 +73,6 @@ def run(minutes: float = 10.0, save_every: int = 10, ranks: int = 2, warmup: int
         "controller_rss_mb_start": round(controller[0], 1), "controller_rss_mb_end": round(controller[-1], 1),
         "controller_rss_mb_growth_per_100_steps": controller_growth,
         "controller_rss_mb_growth_per_100_steps_second_half": controller_late,
-        "worker_allocator": allocators,
         "worker_rss_mb_start": [round(s[0], 1) for s in worker_rss],
         "worker_rss_mb_end": [round(s[-1], 1) for s in worker_rss],
         "worker_rss_mb_growth_per_100_steps": worker_growth,

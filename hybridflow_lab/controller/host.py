@@ -22,7 +22,7 @@ import torch.distributed as dist
 from hybridflow_lab.controller.devices import rank_device
 from hybridflow_lab.controller.errors import WorkerCallError
 from hybridflow_lab.controller.futures import RemoteRows
-from hybridflow_lab.controller.memory import PhaseMemory, memory_report
+from hybridflow_lab.controller.memory import HeapRelease, PhaseMemory, memory_report
 from hybridflow_lab.controller.mesh import Mesh
 from hybridflow_lab.controller.worker import Worker, WorkerContext
 from hybridflow_lab.protocol import DataBatch, payload_nbytes
@@ -78,6 +78,7 @@ class RankHost:
         # local parts are the producer's own objects: copy them as a process boundary would
         self._fetch: Callable[[list[Any]], list[Any]] = ray.get if info.backend == "ray" else copy.deepcopy
         self._store: dist.TCPStore | None = None  # the group's rendezvous: opened by rank 0's endpoint()
+        self.heap = HeapRelease()
 
     def endpoint(self) -> tuple[str, int]:
         """Open the group's rendezvous store on this rank (rank 0) and return its address and port.
@@ -192,6 +193,7 @@ class RankHost:
         spans.append(Span(method, Phase.EXECUTE, start, end, bytes_moved=bytes_in + bytes_out,
                           attrs={"bytes_in": bytes_in, "bytes_out": bytes_out, **memory.fields()}, **where))
         spans += [replace(s, **where) for s in recorder.drain()]
+        self.heap.after_call()
         return result, spans
 
     def _resolve(self, value: Any, device: str) -> Any:

@@ -6,7 +6,6 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -24,9 +23,6 @@ from hybridflow_lab.telemetry import Span
 RankCall = tuple[tuple[Any, ...], dict[str, Any]]
 _SHAREABLE = (DataBatch, torch.Tensor, np.ndarray)
 _RemoteHost = ray.remote(RankHost)
-# Ray's own jemalloc: glibc's malloc kept much of the heap each step's freed tensors left, so a CPU rank's resident
-# memory grew step after step (docs/reliability.md, Soak); jemalloc hands freed pages back within seconds
-JEMALLOC = Path(ray.__file__).parent / "core" / "libjemalloc.so"
 
 
 class RankHandle(NamedTuple):
@@ -46,8 +42,7 @@ class RayRanks:
                  settle_s: float = 5.0, call_timeout_s: float | None = None) -> None:
         self.infos = list(infos)
         self.poll_s, self.settle_s, self.call_timeout_s = poll_s, settle_s, call_timeout_s
-        self.actors = [_RemoteHost.options(**pool.actor_options(i.rank), runtime_env=rank_runtime_env(i)).remote(i)
-                       for i in self.infos]
+        self.actors = [_RemoteHost.options(**pool.actor_options(i.rank)).remote(i) for i in self.infos]
         self.offsets = [0.0] * len(self.actors)
 
     def start(self, roles: dict[str, Role]) -> None:
@@ -190,14 +185,6 @@ class RayRanks:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         self.actors = []
-
-
-def rank_runtime_env(info: RankInfo) -> dict[str, Any]:
-    """A rank process's environment beyond its node's: on CPU, jemalloc as its C allocator, where Ray ships it and
-    no library is preloaded already (GPU ranks keep glibc's: not yet measured beside CUDA, vLLM and DeepSpeed)."""
-    if info.device != "cpu" or not JEMALLOC.is_file() or os.environ.get("LD_PRELOAD"):
-        return {}
-    return {"env_vars": {"LD_PRELOAD": str(JEMALLOC)}}
 
 
 def clock_offset(pings: Sequence[tuple[float, float, float]]) -> float:
