@@ -65,7 +65,7 @@ def test_bench_algorithms_runs_each_algorithm_from_the_same_warm_start():
 FAKE_TRL = """
 import argparse, json, sys
 parser = argparse.ArgumentParser()
-for option in ("--workload", "--steps", "--warmup", "--pause-every"):
+for option in ("--workload", "--steps", "--warmup", "--pause-every", "--forced-lengths"):
     parser.add_argument(option)
 parser.add_argument("--torch-compile", action="store_true")
 args = parser.parse_args(sys.argv[2:])
