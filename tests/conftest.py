@@ -68,25 +68,27 @@ def ray_cluster():
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
-    """``tiny_models(seed, size="tiny")``: a Qwen2-architecture model directory of ``size`` built from ``seed``
-    (with the character tokenizer), made once per session and shared by the modules that ask for the same one."""
+    """``tiny_models(seed, size="tiny", arch="qwen2")``: a model directory of ``size`` and architecture ``arch`` built
+    from ``seed`` (with the character tokenizer), made once per session and shared by the modules that ask for it."""
     from hybridflow_lab.models import create_model_dir
 
-    made: dict[tuple[str, int], str] = {}
+    made: dict[tuple[str, int, str], str] = {}
 
-    def model(seed: int, size: str = "tiny") -> str:
-        if (size, seed) not in made:
-            path = tmp_path_factory.mktemp(f"{size}-seed{seed}") / "m"
-            made[(size, seed)] = str(create_model_dir(path, size, "qwen2", seed=seed))
-        return made[(size, seed)]
+    def model(seed: int, size: str = "tiny", arch: str = "qwen2") -> str:
+        if (size, seed, arch) not in made:
+            path = tmp_path_factory.mktemp(f"{arch}-{size}-seed{seed}") / "m"
+            made[(size, seed, arch)] = str(create_model_dir(path, size, arch, seed=seed))
+        return made[(size, seed, arch)]
 
     return model
 
 
 @pytest.fixture(scope="module")
 def model_dir(request, tiny_models):
-    """The test module's model: its ``MODEL_SIZE`` (default tiny) built from its ``MODEL_SEED`` (default 11)."""
-    return tiny_models(getattr(request.module, "MODEL_SEED", 11), getattr(request.module, "MODEL_SIZE", "tiny"))
+    """The test module's model: its ``MODEL_SIZE`` (default tiny) and ``MODEL_ARCH`` (default qwen2) built from its
+    ``MODEL_SEED`` (default 11)."""
+    return tiny_models(getattr(request.module, "MODEL_SEED", 11), getattr(request.module, "MODEL_SIZE", "tiny"),
+                       getattr(request.module, "MODEL_ARCH", "qwen2"))
 
 
 @pytest.fixture(params=["local", pytest.param("ray", marks=pytest.mark.ray)])

@@ -76,6 +76,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     without_tokenizer(copy_model(tiny, root / "no_tokenizer"))
     create_model_dir(root / "vocab_101", "tiny", "qwen2", tokenizer=char_tokenizer(CHARACTERS + "é"))
     (root / "not_a_model").mkdir()
+    create_model_dir(root / "phi3", "tiny", "phi3")  # a family on the transformers path
+    config_file = copy_model(tiny, root / "t5") / "config.json"  # a model_type no causal-LM path runs
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "model_type": "t5"}))
+    config_file = create_model_dir(root / "mistral_window_16", "tiny", "mistral") / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "sliding_window": 16}))
     return {path.name: str(path) for path in root.iterdir()}
 
 
@@ -141,6 +146,8 @@ def test_the_inputs_the_tables_break_work(models, tmp_path):
     base = base_overrides(models, tmp_path)
     for extra in ((), PPO, DYNAMIC, (*TORCH_ENGINE, "actor.engine.tensor_parallel=2"), COMPILED_TP,
                   (f"actor.model_path={models['vocab_101']}",), ("rollout.decoding=compiled",),
+                  (f"actor.model_path={models['phi3']}", "actor.lora.rank=4",
+                   "actor.lora.target_modules=[qkv_proj, o_proj, gate_up_proj, down_proj]"),
                   ("rollout.decoding=onednn",),
                   ("actor.engine.torch_compile=true", "critic.engine.torch_compile=true", *PPO)):
         assert Lab(None, overrides=(*base, *extra), start=False).groups == {}
@@ -392,6 +399,23 @@ OVERRIDE_CASES = [
          "or 'all'"),
     Case("negative_capture_steps", ["trainer.capture=reward", "trainer.capture_steps=-1"], ConfigError,
          ("trainer.capture_steps", ">= 0"), "use 0 to keep every step's captures"),
+    # model families and the path that runs them
+    Case("tensor_parallel_on_the_transformers_path", ["actor.model_path={phi3}", *TORCH_ENGINE,
+                                                      "actor.engine.tensor_parallel=2"], ConfigError,
+         ("actor.engine.tensor_parallel", "(phi3) runs on the transformers path"), "set it to 1"),
+    Case("onednn_decoding_on_the_transformers_path", ["actor.model_path={phi3}", "rollout.decoding=onednn"],
+         ConfigError, ("rollout.decoding", "(phi3)"), "set rollout.decoding=eager"),
+    Case("vllm_on_the_transformers_path", ["actor.model_path={phi3}", "rollout.engine=vllm"], ConfigError,
+         ("rollout.engine", "(phi3)", "weight sync into vLLM"), "set rollout.engine=torch"),
+    Case("native_forced_on_a_family_it_lacks", ["actor.model_path={phi3}", "actor.model_impl=native"], ConfigError,
+         ("actor.model_impl", "model_type 'phi3'"), "model_impl=transformers"),
+    Case("architecture_no_path_runs", ["actor.model_path={t5}"], ConfigError, ("actor.model_path", "'t5'"),
+         "point at a causal LM's directory"),
+    Case("lora_target_the_family_lacks", ["actor.model_path={phi3}", "actor.lora.rank=4"], ConfigError,
+         ("actor.lora.target_modules", "q_proj", "qkv_proj"), "target those"),
+    Case("sequences_past_the_sliding_window", ["actor.model_path={mistral_window_16}"], ConfigError,
+         ("rollout.max_new_tokens", "sliding window (16)"), "lower rollout.max_prompt_tokens + "
+                                                            "rollout.max_new_tokens"),
     Case("stage_timeout_of_zero", ["trainer.stage_timeout_s=0"], ConfigError, ("trainer.stage_timeout_s", "> 0"),
          "use e.g. 1800"),
     Case("staleness_on_the_local_backend", ["backend=local", "actor.ranks=1", "rollout.pool=rollout",

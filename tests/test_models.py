@@ -29,7 +29,7 @@ def padded_batch(rows: int = 3, length: int = 10, seed: int = 0) -> tuple[torch.
     return ids, mask
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3", "mistral"])
 def test_logits_equal_transformers_on_padded_batches(tmp_path, arch):
     path = create_model_dir(tmp_path / arch, "tiny", arch, seed=1)
     ours = load_causal_lm(path).eval()
@@ -107,14 +107,28 @@ def test_missing_model_path_and_unsupported_architecture(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"model path '.*nowhere' does not exist; create one"):
         load_causal_lm(tmp_path / "nowhere")
     path = create_model_dir(tmp_path / "m", "tiny", "qwen2")
-    text = (path / "config.json").read_text().replace('"qwen2"', '"gpt2"')
+    text = (path / "config.json").read_text().replace('"qwen2"', '"t5"')
     (path / "config.json").write_text(text)
-    with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported"):
+    with pytest.raises(ValueError, match=r"model_type 't5' is neither a family the project's decoder runs"):
         load_causal_lm(path)
 
 
-def test_kv_cache_prefill_and_decode_equal_the_full_forward(tmp_path):
-    model = load_causal_lm(create_model_dir(tmp_path / "m", "tiny", "llama", seed=4)).eval()
+def test_a_sequence_longer_than_mistrals_sliding_window_is_refused_not_attended_in_full(tmp_path):
+    tokenizer = char_tokenizer()
+    config = tiny_config("tiny", "mistral", tokenizer)
+    config.sliding_window = 8
+    model = build_model(config).eval()
+    ids, _ = padded_batch(length=10)
+    with torch.no_grad():
+        model(ids[:, :8])  # 8 positions fit
+        with pytest.raises(ValueError, match=r"sequences of up to 10 tokens are longer than the model's sliding "
+                                             r"window \(8\)"):
+            model(ids)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_kv_cache_prefill_and_decode_equal_the_full_forward(tmp_path, arch):
+    model = load_causal_lm(create_model_dir(tmp_path / "m", "tiny", arch, seed=4)).eval()
     ids = torch.randint(4, 90, (3, 9))
     prompt_mask = torch.ones(3, 6, dtype=torch.long)
     prompt_mask[0, :2] = 0

@@ -11,7 +11,9 @@ from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.models.tensor_parallel import TensorParallel, check_shardable, shard, split_dim
 from tests.hybrid_workers import TensorParallelProbe
 
-MODEL_SIZE, MODEL_SEED = "small", 5  # conftest's model_dir builds this module's model
+# conftest's model_dir builds this module's model: Qwen3's, whose query and key norms each rank applies to its own
+# heads only (their weights' gradients are summed over the group)
+MODEL_SIZE, MODEL_SEED, MODEL_ARCH = "small", 5, "qwen3"
 
 
 def test_which_weights_split_along_which_dimension():
@@ -49,7 +51,8 @@ def test_sharded_forward_and_backward_equal_the_full_model(ray_cluster, model_di
                 torch.testing.assert_close(out["logits"], logits.detach(), rtol=1e-5, atol=1e-5)
                 tp = TensorParallel(size, out["tp_rank"])
                 for name, param in full.named_parameters():
-                    torch.testing.assert_close(out["grads"][name], shard(param.grad, name, tp), rtol=1e-4, atol=1e-5)
+                    # atol 2e-5: each head norm's gradient is summed over the group, in another order than one process
+                    torch.testing.assert_close(out["grads"][name], shard(param.grad, name, tp), rtol=1e-4, atol=2e-5)
     finally:
         group.shutdown()
 

@@ -108,6 +108,8 @@ ROLES = ("actor", "critic")
 CHOICE_FIXES = {  # what each choice means, for the error naming a value outside a Literal setting's choices
     "backend": "'ray' runs every rank as a Ray actor; 'local' runs every role in this process, one rank each",
     "device": "use auto (cuda where the cluster has GPUs, else cpu)",
+    "role.model_impl": "auto runs qwen2, llama, qwen3 and mistral on the project's decoder and every other causal LM "
+                       "on transformers' own model (docs/models-and-engines.md); native or transformers forces one",
     "role.engine.backend": "torch is DDP, deepspeed is ZeRO, fsdp is FSDP2 (docs/models-and-engines.md)",
     "role.engine.zero_stage": "use 2 (ZeRO-2), or 3 to shard the parameters too",
     "role.optim.schedule": "use constant, or cosine with optim.total_steps",

@@ -8,6 +8,7 @@ from typing import ClassVar, Literal, get_args
 TrainBackend = Literal["torch", "deepspeed", "fsdp"]  # the training engines (hybridflow_lab.engines builds them)
 ReshardStrategy = Literal["hybridflow", "hybridflow_v", "ds_chat"]  # training -> generation (hybridflow_lab.hybrid)
 Decoding = Literal["eager", "compiled", "onednn"]  # how the built-in engine runs its decoding step
+ModelImpl = Literal["auto", "native", "transformers"]  # which model code runs a role (models.families.model_impl)
 TRAIN_BACKENDS: tuple[str, ...] = get_args(TrainBackend)
 RESHARD_STRATEGIES: tuple[str, ...] = get_args(ReshardStrategy)
 
@@ -18,7 +19,8 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 @dataclass(frozen=True)
 class LoraConfig:
-    """Adapters of ``rank`` (0: full fine-tuning) on the linear layers named in ``target_modules``."""
+    """Adapters of ``rank`` (0: full fine-tuning) on the linear layers named in ``target_modules`` (the check that
+    the model has them reads its config.json: ``dataflows.preflight``)."""
 
     rank: int = 0
     alpha: float = 16.0
@@ -30,9 +32,8 @@ class LoraConfig:
             raise ValueError(f"rank must be 0 (no adapters) or positive, got {self.rank}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if unknown := sorted(set(self.target_modules) - set(PROJECTIONS)):
-            raise ValueError(f"target_modules has {unknown}, which are not projections of the decoder; choose "
-                             f"among {', '.join(PROJECTIONS)}")
+        if not self.target_modules:
+            raise ValueError("target_modules is empty; name the linear layers to adapt, e.g. q_proj, v_proj")
 
     @property
     def enabled(self) -> bool:
@@ -92,6 +93,7 @@ class RoleConfig:
     """
 
     model_path: str = ""  # empty: the actor's model
+    model_impl: ModelImpl = "auto"  # the project's decoder (native) or transformers' model; auto: native where it runs
     ranks: int = 1
     pool: str = "main"
     nodes: int = 1  # Ray nodes the ranks spread over, ranks/nodes on each (a joined multi-node cluster)
@@ -289,6 +291,12 @@ class LabConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def model_source(self, role: str) -> tuple[str, str]:
+        """The model directory ``role`` loads and the path that runs it (``model_impl``): its own, else the
+        actor's (a critic starts from the policy by default)."""
+        own = getattr(self, role)
+        return (own.model_path, own.model_impl) if own.model_path else (self.actor.model_path, self.actor.model_impl)
 
     def pool_nodes(self, roles: tuple[str, ...]) -> dict[str, list[int]]:
         """Each pool named by ``roles`` as its slots on each node: the ranks of the first role placed on it,

@@ -14,8 +14,10 @@ import torch
 from transformers import PretrainedConfig
 
 from hybridflow_lab.config import ConfigError, LabConfig
+from hybridflow_lab.models.causal_lm import linear_layer_names
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
 from hybridflow_lab.models.factory import load_config
+from hybridflow_lab.models.families import model_impl, window_refusal
 from hybridflow_lab.models.heads import has_trained_head, untrained_head_message
 from hybridflow_lab.models.onednn_decode import missing_onednn, unmirrored_architecture
 from hybridflow_lab.models.tensor_parallel import check_shardable
@@ -28,9 +30,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 def preflight(config: LabConfig, roles: tuple[str, ...]) -> None:
     """Raise ``ConfigError`` for what the machine or the model files cannot give the run (``roles``: the trained
     ones); the config's own rules are assumed to hold."""
-    models = {f"{name}.model_path": getattr(config, name).model_path or config.actor.model_path for name in roles}
+    models = {f"{name}.model_path": config.model_source(name)[0] for name in roles}
     for key, path in models.items():
         model_config(path, key)
+    _check_transformers_path(config)
+    _check_lora_targets(config, roles)
     _check_device(config, (*roles, "rollout") if config.rollout.pool else roles)
     for name in roles:
         if getattr(config, name).engine.torch_compile:
@@ -61,6 +65,64 @@ def resolve_device(config: LabConfig, gpus: int | None = None) -> str:
     if config.device != "auto":
         return config.device
     return "cuda" if (gpus if gpus is not None else visible_gpus(config.backend)) else "cpu"
+
+
+def actor_model_impl(config: LabConfig) -> str:
+    """Which path runs the actor's model (``models.families.model_impl``); ``ConfigError`` when the one forced
+    cannot."""
+    try:
+        return model_impl(model_config(config.actor.model_path, "actor.model_path"), config.actor.model_impl)
+    except ValueError as exc:
+        raise ConfigError("actor.model_impl", str(exc)) from None
+
+
+def model_summary(config: LabConfig) -> str:
+    """The actor's model family and the path that runs it, as ``print(lab)`` shows them."""
+    impl = actor_model_impl(config)
+    family = model_config(config.actor.model_path, "actor.model_path").model_type
+    return f"{family} on {'the project decoder' if impl == 'native' else 'transformers'}"
+
+
+def _check_transformers_path(config: LabConfig) -> None:
+    """What the transformers path cannot do is refused by key, naming the model and the path that can."""
+    if actor_model_impl(config) != "transformers":
+        return
+    model = model_config(config.actor.model_path, "actor.model_path")
+    why = (f"{config.actor.model_path} ({model.model_type}) runs on the transformers path, which has no "
+           f"{{}}; {{}}, or use a model the project's decoder runs (qwen2, llama, qwen3, mistral)")
+    refused = {
+        "actor.engine.tensor_parallel": (config.actor.engine.tensor_parallel > 1, "tensor parallelism", "set it to 1"),
+        "rollout.tensor_parallel": (config.rollout.engine == "torch" and config.rollout.tensor_parallel > 1,
+                                    "tensor parallelism", "set it to 1 (vLLM shards a model itself)"),
+        "rollout.reshard": (config.rollout.reshard != "hybridflow", "resharding strategies to compare",
+                            "set rollout.reshard=hybridflow"),
+        "rollout.decoding": (config.rollout.engine == "torch" and config.rollout.decoding != "eager",
+                             f"{config.rollout.decoding} decoding step (both mirror the project's decoder)",
+                             "set rollout.decoding=eager"),
+        "actor.engine.torch_compile": (config.actor.engine.torch_compile, "compiled layers",
+                                       "set actor.engine.torch_compile=false"),
+        "rollout.engine": (config.rollout.engine == "vllm", "weight sync into vLLM yet (issue 48)",
+                           "set rollout.engine=torch"),
+    }
+    for key, (refuse, missing, fix) in refused.items():
+        if refuse:
+            raise ConfigError(key, why.format(missing, fix))
+
+
+def _check_lora_targets(config: LabConfig, roles: tuple[str, ...]) -> None:
+    """Every module LoRA targets is a linear layer the role's model has."""
+    for name in roles:
+        role = getattr(config, name)
+        if not role.lora.enabled:
+            continue
+        path, impl = config.model_source(name)
+        model = model_config(path, f"{name}.model_path")
+        layers = linear_layer_names(model, impl)
+        missing = [target for target in role.lora.target_modules if target not in layers]
+        if missing:
+            raise ConfigError(f"{name}.lora.target_modules", f"{path} ({model.model_type}) has no linear layer "
+                              f"named {', '.join(missing)}; its layers are {', '.join(sorted(layers))}: target "
+                              "those")
 
 
 def _check_device(config: LabConfig, roles: tuple[str, ...]) -> None:
@@ -101,6 +163,10 @@ def _check_generation(config: LabConfig) -> None:
         raise ConfigError("rollout.max_prompt_tokens", f"{rollout.max_prompt_tokens} prompt tokens + "
                           f"rollout.max_new_tokens={rollout.max_new_tokens} is more than the {context} positions of "
                           f"{config.actor.model_path} (config.json's max_position_embeddings); lower them to fit")
+    window = window_refusal(model, rollout.max_prompt_tokens + rollout.max_new_tokens)
+    if window:
+        raise ConfigError("rollout.max_new_tokens", f"{window}; lower rollout.max_prompt_tokens + "
+                          "rollout.max_new_tokens to fit in it")
     if rollout.decoding == "onednn":
         _check_onednn(config, model)
     if rollout.decoding != "eager":

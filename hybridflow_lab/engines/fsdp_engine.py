@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor
 from hybridflow_lab.config import OptimConfig
 from hybridflow_lab.engines.train_base import TorchOptimizerEngine
 from hybridflow_lab.engines.training_state import Moments
-from hybridflow_lab.models.decoder import DecoderLayer
+from hybridflow_lab.models.causal_lm import decoder_layers
 from hybridflow_lab.models.lora import has_adapters, trainable_names, trainable_parameters
 
 
@@ -39,7 +39,7 @@ def shard_decoder(model: nn.Module, mesh: DeviceMesh, bf16: bool = False, offloa
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if offload:
         options["offload_policy"] = CPUOffloadPolicy()
-    for layer in [m for m in model.modules() if isinstance(m, DecoderLayer)]:
+    for layer in decoder_layers(model):
         fully_shard(layer, **options)
     fully_shard(model, **options)
 

@@ -61,7 +61,7 @@ def generate(
                                                      else [eos_token_id])], dtype=torch.long, device=device)
     generator = torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
     dtype = next(model.parameters()).dtype
-    cache = KVCache(model.config, prompts, prompt_len + params.max_new_tokens, dtype, device, model.tp.size)
+    cache = model.new_cache(prompts, prompt_len + params.max_new_tokens, dtype, device)
 
     responses = torch.full((batch, params.max_new_tokens), pad_token_id, dtype=torch.long, device=device)
     log_probs = torch.zeros(batch, params.max_new_tokens, dtype=torch.float32, device=device)

@@ -94,7 +94,7 @@ class HybridEngine:
             self.model = engine.model
         elif load_copy is None:  # the built-in engine on a gathered copy, in the training dtype
             dtype = torch.bfloat16 if config.actor.engine.bf16 else torch.float32
-            self.model = load_causal_lm(config.actor.model_path).to(engine.device, dtype)
+            self.model = load_causal_lm(config.actor.model_path, impl=config.actor.model_impl).to(engine.device, dtype)
             self.load_copy = state_dict_sink(self.model, config.rollout.verify_weight_sync)
         else:
             self.load_copy = load_copy

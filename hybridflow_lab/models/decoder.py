@@ -1,4 +1,5 @@
-"""One decoder definition for Qwen2- and Llama-architecture models, for training and generation.
+"""One decoder definition for the Qwen2, Llama, Qwen3 and Mistral families (``families.py``), for training and
+generation.
 
 Parameter names match ``transformers`` (``model.layers.0.self_attn.q_proj.weight``, ...), so HF
 checkpoints load with ``load_state_dict`` and our checkpoints load in ``transformers``. The
@@ -18,8 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PretrainedConfig
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from hybridflow_lab.models.attention import Attention, RMSNorm, Rotary
+from hybridflow_lab.models.families import attention_window, native_refusal, window_refusal
 from hybridflow_lab.models.kv_cache import KVCache, SlotCache
 from hybridflow_lab.models.packing import Packing
 from hybridflow_lab.models.tensor_parallel import (
@@ -33,126 +35,12 @@ from hybridflow_lab.models.tensor_parallel import (
     shard_state_dict,
 )
 
-SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
-
 
 def check_supported(config: PretrainedConfig) -> None:
     """Raise a clear error for configs this decoder cannot run."""
-    if config.model_type not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"model_type {config.model_type!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    if getattr(config, "use_sliding_window", False):
-        raise ValueError("sliding-window attention is not supported (config.use_sliding_window=True)")
-    if config.hidden_act != "silu":
-        raise ValueError(f"hidden_act {config.hidden_act!r} is not supported; expected 'silu'")
-
-
-def head_dim(config: PretrainedConfig) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight  # as transformers
-
-
-class Rotary(nn.Module):
-    """Rotary position embedding; frequencies from transformers' rope initialisers (default, llama3, ...)."""
-
-    def __init__(self, config: PretrainedConfig) -> None:
-        super().__init__()
-        rope = dict(getattr(config, "rope_parameters", None) or {"rope_type": "default"})
-        kind = rope.get("rope_type", "default")
-        if kind == "default":
-            dim = head_dim(config)
-            inv_freq = 1.0 / (rope.get("rope_theta", 10000.0) ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-            self.scaling = 1.0
-        elif kind in ROPE_INIT_FUNCTIONS and not kind.startswith("dynamic"):
-            inv_freq, self.scaling = ROPE_INIT_FUNCTIONS[kind](config, None)
-        else:
-            raise ValueError(f"rope_type {kind!r} is not supported")
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cosines and the signed sines ``rotate`` takes, ``[..., head_dim]``."""
-        freqs = positions[..., None].float() * self.inv_freq
-        cos, sin = (freqs.cos() * self.scaling).to(dtype), (freqs.sin() * self.scaling).to(dtype)
-        return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of ``x``: ``x cos + (-x2, x1) sin`` as one roll, with the sign folded into the sines (the
-    same numbers as negating ``x2``, in fewer operations: the decode step is bound by per-operation cost)."""
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
-
-
-class Attention(nn.Module):
-    def __init__(self, config: PretrainedConfig, tp: TensorParallel = SINGLE) -> None:
-        super().__init__()
-        self.tp = tp
-        self.heads, self.kv_heads = config.num_attention_heads // tp.size, config.num_key_value_heads // tp.size
-        self.head_dim = head_dim(config)
-        qkv_bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
-        out_bias = config.model_type != "qwen2" and getattr(config, "attention_bias", False)
-        self.q_proj = nn.Linear(config.hidden_size, self.heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, config.hidden_size, bias=out_bias)  # row-parallel
-
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries, keys and values ``[..., tokens, heads, dim]``, queries and keys rotated (before heads move in
-        front, so packed and padded inputs share the code)."""
-        x = copy_to_parallel(x, self.tp)
-        q = self.q_proj(x).unflatten(-1, (self.heads, self.head_dim))
-        k = self.k_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))
-        v = self.v_proj(x).unflatten(-1, (self.kv_heads, self.head_dim))
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-        return rotate(q, cos, sin), rotate(k, cos, sin), v
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-               cache: KVCache | SlotCache | None, layer: int, packing: Packing | None = None) -> torch.Tensor:
-        """``project``'s outputs attended, ``[..., tokens, heads * dim]``: within each packed sequence, or over the
-        padded batch (and the cache, which takes the new keys and values)."""
-        if packing is not None:
-            return packing.attend(q, k, v, self._attend)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if cache is not None:
-            k, v = cache.append(layer, k, v)
-        out = decode_attention(q, k, v, mask) if q.shape[2] == 1 else self._attend(q, k, v, mask)
-        return out.transpose(1, 2).flatten(2)
-
-    def output(self, attended: torch.Tensor) -> torch.Tensor:
-        return reduce_from_parallel(self.o_proj(attended), self.tp)
-
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                              enable_gqa=self.kv_heads != self.heads)
-
-
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Attention of one new token per row over the cache, as two batched matmuls.
-
-    ``q`` is ``[batch, heads, 1, dim]``, ``k``/``v`` ``[batch, kv_heads, length, dim]``. Query
-    heads sharing a KV head are stacked so no key is repeated; for one query token this beats
-    the fused SDPA kernel on CPU, whose per-call cost dominates at this size.
-    """
-    batch, heads, _, dim = q.shape
-    kv_heads = k.shape[1]
-    grouped = q.view(batch, kv_heads, heads // kv_heads, dim)
-    scores = torch.matmul(grouped, k.transpose(-1, -2)) * dim**-0.5  # [batch, kv_heads, group, length]
-    if mask is not None:
-        scores = torch.where(mask, scores, float("-inf"))  # mask is [batch, 1, 1, length]
-    out = torch.matmul(scores.softmax(-1), v)  # [batch, kv_heads, group, dim]
-    return out.view(batch, heads, 1, dim)
+    refusal = native_refusal(config)
+    if refusal:
+        raise ValueError(refusal)
 
 
 class MLP(nn.Module):
@@ -216,6 +104,7 @@ class Backbone(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, tp) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config)
+        self.config = config
         self.gradient_checkpointing = False  # recompute each layer's activations in the backward pass
         self.compiled_layers = False  # passes without a cache run each layer's non-attention work compiled
 
@@ -238,6 +127,10 @@ class Backbone(nn.Module):
         else:
             if position_ids is None:
                 position_ids = positions_from_mask(attention_mask, input_ids)
+            if attention_window(self.config) is not None:
+                refusal = window_refusal(self.config, int(position_ids.max()) + 1)
+                if refusal:
+                    raise ValueError(refusal)
             mask = None if packing is not None else padded_causal_mask(attention_mask, input_ids.shape[1])
         if packing is not None:
             input_ids, position_ids = packing.pack(input_ids), packing.pack(position_ids)
@@ -264,6 +157,10 @@ class DecoderLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size // tp.size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def new_cache(self, rows: int, max_length: int, dtype: torch.dtype, device: torch.device | str) -> KVCache:
+        """An empty KV cache for generating ``rows`` sequences of up to ``max_length`` tokens."""
+        return KVCache(self.config, rows, max_length, dtype, device, self.tp.size)
 
     def forward(
         self,

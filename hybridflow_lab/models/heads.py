@@ -15,7 +15,9 @@ from transformers import PretrainedConfig
 
 from hybridflow_lab.models.decoder import Backbone, init_weights
 from hybridflow_lab.models.factory import load_config, load_matching, read_weights, weight_names
+from hybridflow_lab.models.families import model_impl
 from hybridflow_lab.models.packing import Packing
+from hybridflow_lab.models.transformers_lm import TransformersScalarModel, load_transformers_scalar_model
 
 SCORE_HEAD = "score.weight"
 
@@ -43,19 +45,24 @@ def scalar_config(config: PretrainedConfig) -> PretrainedConfig:
     return config
 
 
-def load_scalar_model(path: str | os.PathLike[str], seed: int = 0, trained_head: bool = False) -> ScalarHeadModel:
+def load_scalar_model(path: str | os.PathLike[str], seed: int = 0, trained_head: bool = False, impl: str = "auto"
+                      ) -> ScalarHeadModel | TransformersScalarModel:
     """Load a scalar-head model; from a causal-LM directory the backbone loads and the head starts at zero.
 
     Starting the critic from the policy's backbone is the usual PPO initialisation. A reward model passes
-    ``trained_head=True``: a zero head would score every sequence 0, so a directory without one is refused.
+    ``trained_head=True``: a zero head would score every sequence 0, so a directory without one is refused. The
+    project's decoder runs the families it has, transformers' models the others (``families.model_impl``).
     """
     config = load_config(path)
+    with_head = SCORE_HEAD in weight_names(path)
+    if trained_head and not with_head:
+        raise ValueError(untrained_head_message(path))
+    if model_impl(config, impl) == "transformers":
+        return load_transformers_scalar_model(str(path), with_head)
     weights = read_weights(path)
     model = ScalarHeadModel(scalar_config(config))
-    if SCORE_HEAD in weights:
+    if with_head:
         load_matching(model, weights, str(path))
-    elif trained_head:
-        raise ValueError(untrained_head_message(path))
     else:
         init_weights(model.score, std=0.0, seed=seed)
         load_matching(model, weights, str(path), allow_missing=(SCORE_HEAD,), ignore_unexpected=("lm_head.",))

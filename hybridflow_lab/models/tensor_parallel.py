@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from transformers import PretrainedConfig
 
+from hybridflow_lab.models.families import output_bias
+
 COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head", "embed_tokens")
 ROW_PARALLEL = ("o_proj", "down_proj")
 
@@ -53,8 +55,7 @@ def check_shardable(config: PretrainedConfig, size: int) -> None:
         if value % size:
             raise ValueError(f"tensor-parallel size {size} does not divide the model's {key} ({value}); use one of "
                              f"{[s for s in range(1, value + 1) if all(v % s == 0 for v in dims.values())]}")
-    if size > 1 and (getattr(config, "mlp_bias", False) or
-                     (config.model_type != "qwen2" and getattr(config, "attention_bias", False))):
+    if size > 1 and (getattr(config, "mlp_bias", False) or output_bias(config)):
         raise ValueError("tensor parallelism does not support output-projection biases (mlp_bias/attention_bias)")
 
 

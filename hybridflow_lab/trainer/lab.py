@@ -24,7 +24,7 @@ from hybridflow_lab.config import LabConfig
 from hybridflow_lab.config.presets import resolve_config
 from hybridflow_lab.controller import WorkerCallError, WorkerGroup
 from hybridflow_lab.dataflows import Metrics, RunNeeds, check_config
-from hybridflow_lab.dataflows.preflight import resolve_device
+from hybridflow_lab.dataflows.preflight import model_summary, resolve_device
 from hybridflow_lab.engines import TrainingState
 from hybridflow_lab.models.tokenizers import load_tokenizer
 from hybridflow_lab.protocol import DataBatch
@@ -294,4 +294,5 @@ class Lab:
 
     def __repr__(self) -> str:
         groups = ", ".join(f"{role}: {group.world_size} ranks" for role, group in self.groups.items()) or "stopped"
-        return f"Lab({self.name!r}, {self.config.algorithm.name}, step {self.step_index}; {groups})"
+        return (f"Lab({self.name!r}, {self.config.algorithm.name}, step {self.step_index}; {groups}; "
+                f"model: {model_summary(self.config)})")

@@ -6,6 +6,7 @@ layout and the generation layout by the hybrid engine (``hybridflow_lab.hybrid.e
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -88,11 +89,12 @@ class ActorWorker(TrainedRole):
         self.tokenizer = load_tokenizer(path)
         self.layout = actor_layout(config)
         tp, dp_group = self._training_parallelism()
-        self.engine = self.build_engine(config.actor, shard_model(load_causal_lm(path), tp), dp_group, tp, state)
+        policy = functools.partial(load_causal_lm, path, impl=config.actor.model_impl)
+        self.engine = self.build_engine(config.actor, shard_model(policy(), tp), dp_group, tp, state)
         if reference_model is None:
             reference_model = RunNeeds.of(config).reference_model
         # only when a stage reads it; under LoRA the reference is the base, the adapters switched off
-        self.reference = self._reference(shard_model(load_causal_lm(path), tp)) if reference_model else None
+        self.reference = self._reference(shard_model(policy(), tp)) if reference_model else None
         self.rollout: TorchRollout | VllmRollout
         params, eos, pad = sampling_params(config), self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         if config.rollout.engine == "vllm":

@@ -24,7 +24,8 @@ class CriticWorker(TrainedRole):
         """``state``: the critic's training state to continue from (another layout's, ``Lab.reconfigure``)."""
         torch.manual_seed(config.seed)
         self.config = config
-        model = load_scalar_model(config.critic.model_path or config.actor.model_path, seed=config.seed)
+        path, impl = config.model_source("critic")
+        model = load_scalar_model(path, seed=config.seed, impl=impl)
         self.engine = self.build_engine(config.critic, model, state=state)
 
     def _values(self, module: torch.nn.Module, batch: DataBatch) -> torch.Tensor:

@@ -46,7 +46,7 @@ class RolloutWorker(Worker):
 
             self.engine = VllmRollout(path, params, eos, pad, vllm_settings(config, self.rank, sleeps=False))
         else:
-            self.model = load_causal_lm(path).to(self.device)
+            self.model = load_causal_lm(path, impl=config.actor.model_impl).to(self.device)
             self.engine = TorchRollout(self.model, params, eos, pad, decoding=config.rollout.decoding)
         self.version = 0
 

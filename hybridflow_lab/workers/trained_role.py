@@ -10,7 +10,8 @@ from hybridflow_lab.controller import Dispatch, Worker, register
 from hybridflow_lab.engines import build_train_engine
 from hybridflow_lab.engines.train_base import TrainEngine
 from hybridflow_lab.engines.training_state import TrainingState
-from hybridflow_lab.models.decoder import compile_layers, enable_gradient_checkpointing
+from hybridflow_lab.models.causal_lm import enable_gradient_checkpointing
+from hybridflow_lab.models.decoder import compile_layers
 from hybridflow_lab.models.lora import apply_lora
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
 from hybridflow_lab.workers.batching import per_rank_minibatch
