@@ -67,27 +67,27 @@ def resolve_device(config: LabConfig, gpus: int | None = None) -> str:
     return "cuda" if (gpus if gpus is not None else visible_gpus(config.backend)) else "cpu"
 
 
-def actor_model_impl(config: LabConfig) -> str:
-    """Which path runs the actor's model (``models.families.model_impl``); ``ConfigError`` when the one forced
+def _actor_impl(config: LabConfig, model: PretrainedConfig) -> str:
+    """Which path runs the actor's ``model`` (``models.families.model_impl``); ``ConfigError`` when the one forced
     cannot."""
     try:
-        return model_impl(model_config(config.actor.model_path, "actor.model_path"), config.actor.model_impl)
+        return model_impl(model, config.actor.model_impl)
     except ValueError as exc:
         raise ConfigError("actor.model_impl", str(exc)) from None
 
 
 def model_summary(config: LabConfig) -> str:
     """The actor's model family and the path that runs it, as ``print(lab)`` shows them."""
-    impl = actor_model_impl(config)
-    family = model_config(config.actor.model_path, "actor.model_path").model_type
-    return f"{family} on {'the project decoder' if impl == 'native' else 'transformers'}"
+    model = model_config(config.actor.model_path, "actor.model_path")
+    impl = _actor_impl(config, model)
+    return f"{model.model_type} on {'the project decoder' if impl == 'native' else 'transformers'}"
 
 
 def _check_transformers_path(config: LabConfig) -> None:
     """What the transformers path cannot do is refused by key, naming the model and the path that can."""
-    if actor_model_impl(config) != "transformers":
-        return
     model = model_config(config.actor.model_path, "actor.model_path")
+    if _actor_impl(config, model) != "transformers":
+        return
     why = (f"{config.actor.model_path} ({model.model_type}) runs on the transformers path, which has no "
            f"{{}}; {{}}, or use a model the project's decoder runs (qwen2, llama, qwen3, mistral)")
     refused = {

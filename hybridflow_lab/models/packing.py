@@ -57,6 +57,11 @@ class Packing:
         return cls(index, groups, order, outputs)
 
     @property
+    def output_positions(self) -> torch.Tensor:
+        """The flat ``[batch * length]`` positions, in the padded batch, of the tokens whose outputs are returned."""
+        return self.index if self.outputs is None else self.index[self.outputs]
+
+    @property
     def tokens(self) -> int:
         return self.index.numel()
 

@@ -106,8 +106,7 @@ class TransformersLM(nn.Module):
         padded batches only, so padding costs compute here, but the outputs are the packed pass's. Only the
         columns from the first output on are projected to the vocabulary."""
         length = input_ids.shape[1]
-        flat = packing.index if packing.outputs is None else packing.index[packing.outputs]
-        rows, columns = flat // length, flat % length
+        rows, columns = packing.output_positions // length, packing.output_positions % length
         keep = length - int(columns.min())
         logits = self.forward(input_ids, attention_mask, position_ids, keep_last=keep)
         return logits[rows, columns - (length - keep)]
@@ -132,8 +131,7 @@ class TransformersScalarModel(nn.Module):
         scores = self.score(hidden).squeeze(-1)
         if packing is None:
             return scores
-        flat = packing.index if packing.outputs is None else packing.index[packing.outputs]
-        return scores.flatten()[flat]
+        return scores.flatten()[packing.output_positions]
 
 
 def load_transformers_scalar_model(path: str, with_head: bool) -> TransformersScalarModel:
