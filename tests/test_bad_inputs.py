@@ -22,7 +22,8 @@ from hybridflow_lab.config import ConfigError
 from hybridflow_lab.config.presets import resolve_config
 from hybridflow_lab.dataflows import informative_batch
 from hybridflow_lab.hybrid import ParallelLayout
-from hybridflow_lab.models import char_tokenizer, create_model_dir
+from hybridflow_lab.models import char_tokenizer, create_model_dir, load_causal_lm
+from hybridflow_lab.models.lora import LoraConfig, apply_lora, save_adapters
 from hybridflow_lab.models.tokenizers import CHARACTERS
 from hybridflow_lab.placement import Placement
 from hybridflow_lab.protocol import DataBatch
@@ -81,6 +82,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "model_type": "t5"}))
     config_file = create_model_dir(root / "mistral_window_16", "tiny", "mistral") / "config.json"
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "sliding_window": 16}))
+    create_model_dir(root / "qwen3_moe", "tiny", "qwen3_moe")
+    adapters = LoraConfig(rank=8, alpha=16, target_modules=("q_proj", "v_proj"))
+    save_adapters(apply_lora(load_causal_lm(tiny), adapters), root / "adapters_r8")
     return {path.name: str(path) for path in root.iterdir()}
 
 
@@ -405,8 +409,14 @@ OVERRIDE_CASES = [
          ("actor.engine.tensor_parallel", "(phi3) runs on the transformers path"), "set it to 1"),
     Case("onednn_decoding_on_the_transformers_path", ["actor.model_path={phi3}", "rollout.decoding=onednn"],
          ConfigError, ("rollout.decoding", "(phi3)"), "set rollout.decoding=eager"),
-    Case("vllm_on_the_transformers_path", ["actor.model_path={phi3}", "rollout.engine=vllm"], ConfigError,
-         ("rollout.engine", "(phi3)", "weight sync into vLLM"), "set rollout.engine=torch"),
+    Case("mixture_of_experts_with_vllm_tensor_parallel", ["actor.model_path={qwen3_moe}", "rollout.engine=vllm",
+                                                          "actor.ranks=2", "rollout.tensor_parallel=2"], ConfigError,
+         ("rollout.tensor_parallel", "mixture of 4 experts"), "set rollout.tensor_parallel=1"),
+    Case("adapters_of_other_lora_settings", ["actor.lora.rank=4", "actor.lora.adapter_path={adapters_r8}"],
+         ConfigError, ("actor.lora.adapter_path", "rank 8 (this run: 4)", "target_modules [q_proj, v_proj]"),
+         "set actor.lora.rank=8 actor.lora.target_modules=[q_proj, v_proj]"),
+    Case("a_chat_template_the_tokenizer_lacks", ["task.chat_template=true"], ConfigError,
+         ("task.chat_template", "has no chat template"), "set task.chat_template=false for raw prompts"),
     Case("native_forced_on_a_family_it_lacks", ["actor.model_path={phi3}", "actor.model_impl=native"], ConfigError,
          ("actor.model_impl", "model_type 'phi3'"), "model_impl=transformers"),
     Case("architecture_no_path_runs", ["actor.model_path={t5}"], ConfigError, ("actor.model_path", "'t5'"),

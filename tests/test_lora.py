@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import peft
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from hybridflow_lab.config import ConfigError, OptimConfig
 from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup
@@ -15,6 +17,7 @@ from hybridflow_lab.models.decoder import enable_gradient_checkpointing
 from hybridflow_lab.models.lora import (
     ADAPTER_WEIGHTS,
     LoraConfig,
+    adapter_settings,
     adapters_disabled,
     apply_lora,
     load_adapters,
@@ -29,10 +32,10 @@ from tests.test_lab import local_overrides
 MODEL_SEED = 5  # conftest's model_dir builds this module's tiny model with it
 
 
-def adapted(model_dir, rank=4, seed=0):
+def adapted(model_dir, rank=4, seed=0, **settings):
     """The tiny model with adapters whose ``lora_B`` is random (a fresh adapter is zero: the base)."""
     torch.manual_seed(seed)
-    model = apply_lora(load_causal_lm(model_dir), LoraConfig(rank=rank, alpha=8))
+    model = apply_lora(load_causal_lm(model_dir), LoraConfig(rank=rank, alpha=8, **settings))
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if name.endswith("lora_B"):
@@ -81,12 +84,25 @@ def test_a_fresh_adapter_starts_as_the_base_and_only_adapters_train(model_dir):
         assert changed == name.endswith(("lora_A", "lora_B")) or name.endswith("lora_A"), name  # B moves first
 
 
-def test_adapter_files_round_trip_and_refuse_other_settings(model_dir, tmp_path):
-    model = adapted(model_dir)
+@pytest.mark.parametrize(("arch", "targets"), [("qwen2", ("q_proj", "v_proj", "down_proj")),
+                                               ("phi3", ("qkv_proj", "gate_up_proj"))])
+def test_saved_adapters_load_in_peft_with_the_same_logits(tiny_models, tmp_path, arch, targets):
+    """The project's decoder (Qwen2) and the transformers path (Phi-3's fused projections) save PEFT's format."""
+    path = tiny_models(MODEL_SEED, arch=arch)
+    model = adapted(path, target_modules=targets)
     save_adapters(model, tmp_path / "a")
-    other = apply_lora(load_causal_lm(model_dir), LoraConfig(rank=4, alpha=8))
-    load_adapters(other, tmp_path / "a")
-    torch.testing.assert_close(logits(other.eval(), IDS), logits(model, IDS), rtol=0, atol=0)
+    base = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    theirs = peft.PeftModel.from_pretrained(base, tmp_path / "a").eval()
+    torch.testing.assert_close(logits(theirs, IDS).logits, logits(model, IDS), rtol=0, atol=1e-5)
+
+
+def test_adapters_peft_wrote_load_into_the_project_model_and_other_settings_are_refused(model_dir, tmp_path):
+    settings = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    theirs = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True), settings)
+    theirs.save_pretrained(tmp_path / "a")
+    ours = apply_lora(load_causal_lm(model_dir), adapter_settings(tmp_path / "a"))
+    load_adapters(ours, tmp_path / "a")
+    torch.testing.assert_close(logits(ours.eval(), IDS), logits(theirs.eval(), IDS).logits, rtol=0, atol=1e-5)
     smaller = apply_lora(load_causal_lm(model_dir), LoraConfig(rank=4, target_modules=("q_proj",)))
     with pytest.raises(ValueError, match=r"do not match the model's: missing .*unexpected"):
         load_adapters(smaller, tmp_path / "a")

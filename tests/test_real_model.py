@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hybridflow_lab.models import load_causal_lm, load_config
+from hybridflow_lab.models.families import model_impl
 from hybridflow_lab.models.gguf_import import ImportReport, import_gguf, packaged_model_file
 from hybridflow_lab.models.tokenizers import load_tokenizer
 
@@ -80,7 +81,7 @@ def write_gguf(path, architecture: str, quantization: str = "F32"):
 
 
 @pytest.mark.parametrize(("architecture", "quantization", "message"), [
-    ("gpt2", "F32", "GGUF architecture 'gpt2' is not supported; supported: qwen2, llama"),
+    ("rwkv6", "F32", "GGUF architecture 'rwkv6' is not one transformers' GGUF reader dequantises; it reads bloom, "),
     ("llama", "Q8_1", "tensors quantised as Q8_1 cannot be dequantised"),
 ])
 def test_a_gguf_file_that_cannot_be_imported_is_refused_naming_it(tmp_path, architecture, quantization, message):
@@ -91,7 +92,7 @@ def test_a_gguf_file_that_cannot_be_imported_is_refused_naming_it(tmp_path, arch
 
 
 def test_an_unknown_packaged_model_is_named():
-    with pytest.raises(ValueError, match="no packaged model 'gpt5'; packaged models: smollm2"):
+    with pytest.raises(ValueError, match="no packaged model 'gpt5'; packaged models: smollm2, gemma3-270m"):
         packaged_model_file("gpt5")
 
 
@@ -117,11 +118,11 @@ def test_the_decoder_generates_greedily_like_transformers_on_the_real_model(smol
 
 
 def test_the_command_line_refuses_an_unsupported_gguf_file_in_one_line(tmp_path):
-    path = write_gguf(tmp_path / "bad.gguf", "gpt2")
+    path = write_gguf(tmp_path / "bad.gguf", "rwkv6")
     done = subprocess.run([sys.executable, "-m", "hybridflow_lab.cli", "import-model", "gguf", str(path),
                            str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert f"hybridflow-lab import-model: error: {path}: GGUF architecture 'gpt2' is not supported" in done.stderr
+    assert f"hybridflow-lab import-model: error: {path}: GGUF architecture 'rwkv6' is not one" in done.stderr
 
 
 def test_a_lora_grpo_step_on_the_real_model_prompts_through_its_chat_template(smollm2, tmp_path):
@@ -145,3 +146,13 @@ def test_a_lora_grpo_step_on_the_real_model_prompts_through_its_chat_template(sm
         assert not any("<|im_" in text for text in batch["response_text"])  # rewards see the response alone
     finally:
         lab.shutdown()
+
+
+def test_the_packaged_gemma3_imports_onto_the_transformers_path_with_the_logits_of_the_gguf_model(tmp_path):
+    """Gemma 3 270M, assembled from its four chunk packages: K-quants dequantised, the 262k-token vocabulary tied,
+    the written directory run by the transformers path with the GGUF model's logits."""
+    report = import_gguf(packaged_model_file("gemma3-270m"), tmp_path / "gemma3")
+    assert report.architecture == "gemma3" and {"Q4_K", "Q6_K"} <= set(report.quantization)
+    assert report.tied_embeddings and 268e6 < report.parameters < 269e6
+    assert report.max_logit_diff_decoder < 1e-3 and report.max_logit_diff_transformers < 1e-3
+    assert model_impl(load_config(report.path)) == "transformers"

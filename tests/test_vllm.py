@@ -14,6 +14,7 @@ import json
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from hybridflow_lab.config import ConfigError, LabConfig, load_config
 from hybridflow_lab.dataflows import check_config
@@ -22,6 +23,7 @@ from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.torch_rollout import TorchRollout
 from hybridflow_lab.engines.weight_fingerprint import WeightSyncError, fingerprints
 from hybridflow_lab.models import char_tokenizer, create_model_dir, load_causal_lm
+from hybridflow_lab.models.causal_lm import checkpoint_weights
 from hybridflow_lab.protocol import DataBatch
 from tests.test_workers import prompts
 
@@ -251,3 +253,36 @@ def test_vllm_on_the_real_model_generates_like_the_built_in_engine_and_syncs_mer
         assert syncs and all(s.attrs["tensors"] == plain for s in syncs)  # merged: no lora_A/lora_B tensor sent
     finally:
         lab.shutdown()
+
+
+# ---------------------------------------------------------------- the families on the transformers path
+@pytest.fixture(scope="module", params=["gemma3_text", "phi3", "qwen3_moe"])
+def family(request, tmp_path_factory):
+    """A tiny random model of a family the project's decoder does not run, and a vLLM engine on its directory."""
+    path = str(create_model_dir(tmp_path_factory.mktemp(request.param) / "m", "tiny", request.param, seed=3))
+    engine = VllmRollout(path, SamplingParams(max_new_tokens=NEW_TOKENS), TOKENIZER.eos_token_id,
+                         TOKENIZER.pad_token_id, VllmSettings(dtype=torch.float32, max_model_len=8 + NEW_TOKENS))
+    yield path, engine
+    del engine.llm  # one engine's KV cache at a time
+
+
+def test_vllm_samples_a_transformers_family_with_the_trainers_log_probs(family):
+    path, engine = family
+    model = load_causal_lm(path).eval()
+    out = DataBatch(generated(engine, SamplingParams(max_new_tokens=NEW_TOKENS, n=2, seed=1)))
+    mask = out["response_mask"].bool()
+    trainer, _ = response_log_probs(model, out, 1.0)
+    torch.testing.assert_close(out["rollout_log_probs"][mask], trainer[mask], rtol=0, atol=1e-4)
+
+
+def test_a_transformers_familys_update_reaches_vllm_in_the_checkpoints_layout_and_is_checked(family):
+    """Phi-3's fused qkv and gate_up, Gemma's norms, Qwen3-MoE's experts (fused in the trainer, one tensor each in
+    the checkpoint, stacked again in vLLM): every tensor is checked, and the engine generates with the update."""
+    path, engine = family
+    model = load_causal_lm(path).eval()
+    new = perturbed(model)
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, greedy=True)
+    stats = engine.update_weights(checkpoint_weights(model, new.items()))
+    with safe_open(f"{path}/model.safetensors", "pt") as saved:
+        assert stats["tensors"] == len(saved.keys())  # vLLM got the checkpoint's tensors, one per expert
+    assert torch.equal(generated(engine, params)["responses"], built_in(model, params)["responses"])

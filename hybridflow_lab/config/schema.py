@@ -26,6 +26,7 @@ class LoraConfig:
     alpha: float = 16.0
     dropout: float = 0.0
     target_modules: tuple[str, ...] = PROJECTIONS
+    adapter_path: str | None = None  # start from the adapters saved here (PEFT's format: PEFT's or a run's)
 
     def __post_init__(self) -> None:
         if self.rank < 0:

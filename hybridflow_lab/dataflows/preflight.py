@@ -13,12 +13,13 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
-from hybridflow_lab.config import ConfigError, LabConfig
+from hybridflow_lab.config import ConfigError, LabConfig, LoraConfig
 from hybridflow_lab.models.causal_lm import linear_layer_names
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
 from hybridflow_lab.models.factory import load_config
-from hybridflow_lab.models.families import model_impl, window_refusal
+from hybridflow_lab.models.families import model_impl, routed_experts, window_refusal
 from hybridflow_lab.models.heads import has_trained_head, untrained_head_message
+from hybridflow_lab.models.lora import adapter_settings
 from hybridflow_lab.models.onednn_decode import missing_onednn, unmirrored_architecture
 from hybridflow_lab.models.tensor_parallel import check_shardable
 from hybridflow_lab.models.tokenizers import load_tokenizer
@@ -101,12 +102,14 @@ def _check_transformers_path(config: LabConfig) -> None:
                              "set rollout.decoding=eager"),
         "actor.engine.torch_compile": (config.actor.engine.torch_compile, "compiled layers",
                                        "set actor.engine.torch_compile=false"),
-        "rollout.engine": (config.rollout.engine == "vllm", "weight sync into vLLM yet (issue 48)",
-                           "set rollout.engine=torch"),
     }
     for key, (refuse, missing, fix) in refused.items():
         if refuse:
             raise ConfigError(key, why.format(missing, fix))
+    if routed_experts(model) and config.rollout.tensor_parallel > 1:
+        raise ConfigError("rollout.tensor_parallel", f"{config.actor.model_path} is a mixture of "
+                          f"{routed_experts(model)} experts, and the check of every weight sync reads vLLM's experts "
+                          "only when one engine holds them whole: set rollout.tensor_parallel=1")
 
 
 def _check_lora_targets(config: LabConfig, roles: tuple[str, ...]) -> None:
@@ -123,6 +126,25 @@ def _check_lora_targets(config: LabConfig, roles: tuple[str, ...]) -> None:
             raise ConfigError(f"{name}.lora.target_modules", f"{path} ({model.model_type}) has no linear layer "
                               f"named {', '.join(missing)}; its layers are {', '.join(sorted(layers))}: target "
                               "those")
+        if role.lora.adapter_path:
+            _check_saved_adapters(role.lora, f"{name}.lora")
+
+
+def _check_saved_adapters(lora: LoraConfig, key: str) -> None:
+    """Adapters to start from must exist and have the role's LoRA settings (rank, alpha, target modules)."""
+    try:
+        saved = adapter_settings(lora.adapter_path or "")
+    except (OSError, ValueError, KeyError) as error:
+        raise ConfigError(f"{key}.adapter_path", f"cannot start from these adapters: {error}") from None
+    differ = {field: (getattr(saved, field), getattr(lora, field)) for field in ("rank", "alpha")
+              if getattr(saved, field) != getattr(lora, field)}
+    if set(saved.target_modules) != set(lora.target_modules):
+        differ["target_modules"] = tuple(f"[{', '.join(modules)}]" for modules in (saved.target_modules,
+                                                                                   lora.target_modules))
+    if differ:
+        raise ConfigError(f"{key}.adapter_path", f"{lora.adapter_path} holds adapters with " + ", ".join(
+            f"{field} {theirs} (this run: {ours})" for field, (theirs, ours) in differ.items()) + "; set "
+            + " ".join(f"{key}.{field}={theirs}" for field, (theirs, _) in differ.items()))
 
 
 def _check_device(config: LabConfig, roles: tuple[str, ...]) -> None:

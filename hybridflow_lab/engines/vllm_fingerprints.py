@@ -1,5 +1,6 @@
 """A vLLM model's weights fingerprinted under the checkpoint's (HF) names, whatever vLLM did to them: fused
-(``qkv_proj``, ``gate_up_proj``), split over tensor-parallel ranks, or held only in a repacked CPU kernel."""
+(``qkv_proj``, ``gate_up_proj``, a mixture's experts stacked into ``w13``/``w2``), split over tensor-parallel ranks,
+or held only in a repacked CPU kernel."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def shard_fingerprints(model: nn.Module) -> tuple[dict[str, tuple[str, torch.Ten
     TP ranks' parts combine (``rows`` concatenate, ``sum`` add up, ``whole`` is replicated), and the names whose
     matrix was only reachable through its kernel (the CPU backend drops linear weights after repacking them).
 
-    Fused parameters (``qkv_proj``, ``gate_up_proj``) are split back into their members by output size.
+    Fused parameters (``qkv_proj``, ``gate_up_proj``) are split back into their members by output size, unless
+    the checkpoint stores them fused too (Phi-3); stacked experts are split per expert (``expert_fingerprints``).
     """
     from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
@@ -26,6 +28,9 @@ def shard_fingerprints(model: nn.Module) -> tuple[dict[str, tuple[str, torch.Ten
     values: dict[str, tuple[str, torch.Tensor]] = {}
     through_kernel: set[str] = set()
     for module_name, module in model.named_modules():
+        if hasattr(module, "get_expert_mapping"):
+            values.update((name, ("whole", part)) for name, part in expert_fingerprints(module_name, module).items())
+            continue
         sharded = getattr(module, "tp_size", 1) > 1
         for param_name, param in module.named_parameters(recurse=False):
             split_columns = sharded and isinstance(module, RowParallelLinear) and param_name == "weight"
@@ -33,7 +38,8 @@ def shard_fingerprints(model: nn.Module) -> tuple[dict[str, tuple[str, torch.Ten
                 module, ColumnParallelLinear | VocabParallelEmbedding) else "whole"
             in_kernel = param.numel() == 0 and hasattr(module, "cpu_linear")
             if in_kernel or param.ndim == 2:
-                columns = getattr(module, "input_size_per_partition", None) or param.shape[1]
+                columns = getattr(module, "input_size_per_partition", None) or getattr(module, "input_size", None) \
+                    or param.shape[1]
                 offset = module.tp_rank * columns if split_columns else 0
                 x = probe(module.input_size if split_columns else columns)[offset:offset + columns]
                 if in_kernel:
@@ -44,7 +50,7 @@ def shard_fingerprints(model: nn.Module) -> tuple[dict[str, tuple[str, torch.Ten
                 fingerprint = tensor_fingerprint(param)
             prefix, _, leaf = module_name.rpartition(".")
             members = packed.get(leaf)
-            if members:
+            if members and members != [leaf]:
                 names = [f"{prefix}.{member}.{param_name}" for member in members]
                 parts = fingerprint.cpu().split(list(module.output_partition_sizes))
             else:
@@ -53,6 +59,20 @@ def shard_fingerprints(model: nn.Module) -> tuple[dict[str, tuple[str, torch.Ten
             if in_kernel:
                 through_kernel.update(names)
     return values, through_kernel
+
+
+def expert_fingerprints(module_name: str, experts: nn.Module) -> dict[str, torch.Tensor]:
+    """A mixture's experts (vLLM stacks them: ``w13_weight`` holds each expert's gate and up projections, ``w2_weight``
+    its down projection) fingerprinted per expert under the checkpoint's names, from vLLM's own name mapping."""
+    base = module_name[: module_name.rindex(".experts")]
+    stacked = {"w13_": experts.w13_weight, "w2_": experts.w2_weight}
+    values = {}
+    for param_name, weight_name, expert, shard in experts.get_expert_mapping():
+        matrix = stacked[param_name.rpartition(".")[2]][expert]
+        if shard != "w2":  # w13 holds w1 (the gate) then w3 (up), each half of its rows
+            matrix = matrix.chunk(2)[0 if shard == "w1" else 1]
+        values[f"{base}.{weight_name}weight"] = matrix_fingerprint(matrix, probe(matrix.shape[1])).cpu()
+    return values
 
 
 def engine_fingerprints(model: nn.Module) -> tuple[dict[str, torch.Tensor], set[str]]:

@@ -28,6 +28,7 @@ import torch
 from hybridflow_lab.engines.sampling import SamplingParams
 from hybridflow_lab.engines.torch_rollout import sequences_batch
 from hybridflow_lab.engines.vllm_fingerprints import engine_fingerprints
+from hybridflow_lab.engines.vllm_moe import repack_cpu_experts
 from hybridflow_lab.engines.weight_fingerprint import check_fingerprints, tensor_fingerprint
 
 # The weights iterator handed to reload_weights must reach the engine in this process: an engine core
@@ -235,6 +236,8 @@ class VllmRollout:
             start = time.perf_counter()
             self.check_weights(expected)
             stats["check_seconds"] = round(time.perf_counter() - start, 6)
+        if not self.on_cuda:
+            self.llm.apply_model(repack_cpu_experts)  # after the check, which reads the plain layout
         return stats
 
     def check_weights(self, expected: Mapping[str, torch.Tensor]) -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
 from torch import nn
 from transformers import PretrainedConfig
@@ -21,6 +23,16 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     names = {name for m in model.modules() if isinstance(m, TransformersLM | TransformersScalarModel)
              for name in m.no_split_modules}
     return [m for m in model.modules() if isinstance(m, DecoderLayer) or type(m).__name__ in names]
+
+
+def checkpoint_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]
+                       ) -> Iterator[tuple[str, torch.Tensor]]:
+    """``model``'s weight stream under the names and layout of its saved checkpoint, which vLLM loads: unchanged
+    on the project's decoder; on a transformers model each tensor goes through ``TransformersLM.checkpoint_state``
+    as it passes (Qwen3-MoE's fused experts become one tensor per expert), so the stream stays a stream."""
+    causal_lm = next((m for m in model.modules() if isinstance(m, TransformersLM)), None)
+    for name, tensor in weights:
+        yield from [(name, tensor)] if causal_lm is None else causal_lm.checkpoint_state({name: tensor}).items()
 
 
 def enable_gradient_checkpointing(model: nn.Module) -> None:

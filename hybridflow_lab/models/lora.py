@@ -7,7 +7,8 @@ model starts as the base. With the adapters switched off (``adapters_disabled``)
 base, which is how the actor's reference policy costs no second copy of the weights (verl's
 ``ref_in_actor``). ``merged_weights`` turns a weight stream with adapters into the plain model's
 (``W + s B A``), which is what a rollout engine loads; the trainable tensors alone are the
-adapter checkpoint.
+adapter checkpoint, written in PEFT's format (``peft.PeftModel.from_pretrained`` loads it; ``load_adapters`` reads
+what PEFT wrote).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import math
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -29,6 +29,8 @@ from hybridflow_lab.config import LoraConfig
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
+PEFT_PREFIX = "base_model.model."  # PEFT's names: its wrapper's, then the model's own
+ADAPTER_MATRICES = ("lora_A", "lora_B")  # PEFT's are nn.Linear layers: ``lora_A.weight``
 
 
 class LoraLinear(nn.Module):
@@ -132,29 +134,60 @@ def trainable_state(model: nn.Module, state: dict[str, torch.Tensor] | None = No
     return {name: tensor.detach().contiguous() for name, tensor in state.items() if name in names}
 
 
+def peft_name(name: str) -> str:
+    """A trainable tensor's name in PEFT's files (``...q_proj.lora_A``: ``base_model.model...q_proj.lora_A.weight``)."""
+    return PEFT_PREFIX + name + (".weight" if name.rsplit(".", 1)[-1] in ADAPTER_MATRICES else "")
+
+
+def peft_config(config: LoraConfig, heads: list[str], base_model: str | None) -> dict[str, object]:
+    """``config`` as PEFT's ``adapter_config.json``: ``alpha / rank`` scaling (not rsLoRA), no bias, the trained heads
+    as ``modules_to_save``."""
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+            "r": config.rank, "lora_alpha": config.alpha, "lora_dropout": config.dropout,
+            "target_modules": list(config.target_modules), "modules_to_save": heads or None, "bias": "none",
+            "use_rslora": False, "fan_in_fan_out": False, "init_lora_weights": True, "inference_mode": True}
+
+
 def save_adapters(model: nn.Module, path: str | os.PathLike[str], state: dict[str, torch.Tensor] | None = None) -> Path:
     """Write the trainable tensors of ``state`` (default: the model's; adapters and any trained head) and the LoRA
-    settings under ``path``."""
+    settings under ``path``, in PEFT's format."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    tensors = trainable_state(model, state)
+    heads = sorted({name.rpartition(".")[0] for name in tensors if name.rsplit(".", 1)[-1] not in ADAPTER_MATRICES})
     tmp = path / (ADAPTER_WEIGHTS + ".tmp")
-    save_file(trainable_state(model, state), tmp, metadata={"format": "pt"})
+    save_file({peft_name(name): tensor for name, tensor in tensors.items()}, tmp, metadata={"format": "pt"})
     os.replace(tmp, path / ADAPTER_WEIGHTS)
-    config = model.lora_config
-    (path / ADAPTER_CONFIG).write_text(json.dumps({**asdict(config), "target_modules": list(config.target_modules)}))
+    base_model = getattr(getattr(model, "config", None), "_name_or_path", None) or None
+    (path / ADAPTER_CONFIG).write_text(json.dumps(peft_config(model.lora_config, heads, base_model), indent=1))
     return path
 
 
+def adapter_settings(path: str | os.PathLike[str]) -> LoraConfig:
+    """The LoRA settings of the adapters PEFT (or this project) saved under ``path``."""
+    config_file = Path(path) / ADAPTER_CONFIG
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{path} has no {ADAPTER_CONFIG}: not a LoRA adapter directory (PEFT's format)")
+    saved = json.loads(config_file.read_text())
+    variants = [key for key in ("use_rslora", "use_dora") if saved.get(key)]
+    if saved.get("peft_type") != "LORA" or variants:
+        raise ValueError(f"{config_file} holds {saved.get('peft_type')} adapters {' '.join(variants)}; only plain "
+                         "LoRA (alpha / r scaling) loads here")
+    targets = saved["target_modules"]
+    return LoraConfig(rank=saved["r"], alpha=float(saved["lora_alpha"]), dropout=saved.get("lora_dropout", 0.0),
+                      target_modules=tuple(sorted([targets] if isinstance(targets, str) else targets)))
+
+
 def load_adapters(model: nn.Module, path: str | os.PathLike[str]) -> None:
-    """Load what ``save_adapters`` wrote into ``model`` (built with the same LoRA settings); every trainable tensor
-    must be in the file and nothing else."""
+    """Load adapters in PEFT's format (``save_adapters``'s, or PEFT's own) into ``model``, built with the same
+    LoRA settings; every trainable tensor must be in the file and nothing else."""
     path = Path(path)
     if not (path / ADAPTER_WEIGHTS).is_file():
         raise FileNotFoundError(f"{path} has no {ADAPTER_WEIGHTS}: not a LoRA checkpoint")
+    names = {peft_name(name): name for name in trainable_names(model)}
     weights = load_file(path / ADAPTER_WEIGHTS)
-    expected = trainable_names(model)
-    if set(weights) != expected:
-        missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if set(weights) != set(names):
+        missing, unexpected = sorted(set(names) - set(weights)), sorted(set(weights) - set(names))
         raise ValueError(f"the adapters in {path} do not match the model's: missing {missing[:4]}, unexpected "
                          f"{unexpected[:4]} (was it saved with other lora settings?)")
-    model.load_state_dict(weights, strict=False)
+    model.load_state_dict({names[key]: tensor for key, tensor in weights.items()}, strict=False)

@@ -12,6 +12,8 @@ before any worker starts.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -134,6 +136,20 @@ class TransformersScalarModel(nn.Module):
         return scores.flatten()[packing.output_positions]
 
 
+@contextmanager
+def progress_bars_off() -> Iterator[None]:
+    """transformers' loading bars off inside the block (each rank loading a model would print one)."""
+    from transformers.utils import logging
+
+    enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            logging.enable_progress_bar()
+
+
 def load_transformers_scalar_model(path: str, with_head: bool) -> TransformersScalarModel:
     """A model directory as a ``TransformersScalarModel``: a sequence classifier's backbone and head
     (``with_head``), or a causal LM's backbone under a zero head (the usual PPO critic initialisation)."""
@@ -141,10 +157,12 @@ def load_transformers_scalar_model(path: str, with_head: bool) -> TransformersSc
 
     where = {"local_files_only": True, "dtype": torch.float32, "attn_implementation": "sdpa", "use_safetensors": True}
     if with_head:
-        classifier = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **where)
+        with progress_bars_off():
+            classifier = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **where)
         return TransformersScalarModel(getattr(classifier, classifier.base_model_prefix), classifier.score,
                                        classifier.config)
-    backbone = AutoModel.from_pretrained(path, **where)
+    with progress_bars_off():
+        backbone = AutoModel.from_pretrained(path, **where)
     score = nn.Linear(backbone.config.hidden_size, 1, bias=False)
     nn.init.zeros_(score.weight)
     return TransformersScalarModel(backbone, score, backbone.config)
@@ -156,6 +174,7 @@ def load_transformers_lm(path: str, dtype: torch.dtype = torch.float32) -> Trans
     decoder reads)."""
     from transformers import AutoModelForCausalLM
 
-    causal_lm = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype,
-                                                     attn_implementation="sdpa", use_safetensors=True)
+    with progress_bars_off():
+        causal_lm = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype,
+                                                         attn_implementation="sdpa", use_safetensors=True)
     return TransformersLM(causal_lm)

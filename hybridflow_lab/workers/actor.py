@@ -28,6 +28,7 @@ from hybridflow_lab.engines.train_base import StepMetrics, TrainEngine
 from hybridflow_lab.hybrid.engine import HybridEngine, actor_layout, actor_meshes
 from hybridflow_lab.hybrid.reshard import process_groups
 from hybridflow_lab.models import load_causal_lm
+from hybridflow_lab.models.causal_lm import checkpoint_weights
 from hybridflow_lab.models.decoder import compile_layers, shard_model
 from hybridflow_lab.models.lora import adapters_disabled, merged_weights
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
@@ -101,8 +102,9 @@ class ActorWorker(TrainedRole):
             from hybridflow_lab.engines.vllm_rollout import VllmRollout
 
             replica = self.mesh_coords("generate")["dp"]
-            self.rollout = VllmRollout(path, params, eos, pad, vllm_settings(config, replica))
-            self.hybrid = self._hybrid_engine(self.rollout.update_weights, self.rollout.discards_weights)
+            vllm = self.rollout = VllmRollout(path, params, eos, pad, vllm_settings(config, replica))
+            self.hybrid = self._hybrid_engine(lambda weights: vllm.update_weights(
+                checkpoint_weights(self.engine.model, weights)), vllm.discards_weights)
         else:
             self.hybrid = self._hybrid_engine(None)
             assert self.hybrid.model is not None
@@ -218,11 +220,14 @@ class ActorWorker(TrainedRole):
 
     @register(Dispatch.ONE_TO_ALL)
     def policy_weights(self) -> dict[str, torch.Tensor] | None:
-        """The policy's full weights (HF names, on the CPU; LoRA adapters merged) from rank 0, for a rollout group
-        of its own; ``None`` from the other ranks. Collective: sharded engines gather them a module at a time."""
+        """The policy's full weights (HF names, on the CPU; LoRA adapters merged; in the checkpoint's layout for
+        vLLM) from rank 0, for a rollout group of its own; ``None`` from the other ranks. Collective: sharded engines
+        gather them a module at a time."""
         weights = self.engine.full_weights()
         if self.hybrid.adapted:
             weights = merged_weights(weights, self.engine.model)
+        if self.config.rollout.engine == "vllm":
+            weights = checkpoint_weights(self.engine.model, weights)
         gathered = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights if self.rank == 0}
         return gathered if self.rank == 0 else None
 

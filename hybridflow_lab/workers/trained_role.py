@@ -12,7 +12,7 @@ from hybridflow_lab.engines.train_base import TrainEngine
 from hybridflow_lab.engines.training_state import TrainingState
 from hybridflow_lab.models.causal_lm import enable_gradient_checkpointing
 from hybridflow_lab.models.decoder import compile_layers
-from hybridflow_lab.models.lora import apply_lora
+from hybridflow_lab.models.lora import apply_lora, load_adapters
 from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel
 from hybridflow_lab.workers.batching import per_rank_minibatch
 
@@ -38,6 +38,8 @@ class TrainedRole(Worker):
         batch, engine = self.config.batch, role.engine
         if role.lora.enabled:
             apply_lora(model, role.lora, self.trained_heads)
+        if role.lora.adapter_path and state is None:
+            load_adapters(model, role.lora.adapter_path)
         if engine.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         if engine.torch_compile:
