@@ -15,7 +15,8 @@ Tokens per step = 64 x (16 + 64) = 5120.
 model directory ``--model`` (SmolLM2-135M-Instruct) with its tokenizer, ``a+b=`` as a user turn through its
 chat template, prompts padded to the batch's longest, 64 forced completion tokens, real tokens counted.
 ``--workload standard-bf16``: the standard workload in bfloat16 mixed precision (``bf16=True``: autocast over the
-float32 weights). Prints one JSON object.
+float32 weights). On the standard-size workloads ``--model`` replaces the built model with a directory of the same
+size and tokenizer (``bench e2e --arch qwen3`` passes the one it built). Prints one JSON object.
 
 ``--pause-every K`` (``bench e2e --peer`` passes it): before its first step, and after the warmup and every K
 measured steps, the script prints ``{"paused": <steps done>}`` and waits for a line on stdin, so that its blocks
@@ -184,7 +185,7 @@ def run(steps: int = 8, warmup: int = 2, threads: int = 2, workload: str = "stan
         raise SystemExit("trl_grpo.py: --workload smollm2 needs --model DIR (the imported SmolLM2 directory)")
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer: PreTrainedTokenizerBase
-        if real_model:
+        if model:
             tokenizer = AutoTokenizer.from_pretrained(model, padding_side="left")
         else:
             tokenizer, model = char_tokenizer(), f"{tmp}/model"
@@ -246,7 +247,8 @@ def main() -> None:
                         default="standard")
     parser.add_argument("--forced-lengths", help="natural: comma-separated completion lengths, row r gets the "
                                                  "(r mod count)-th (bench e2e passes its schedule)")
-    parser.add_argument("--model", help="smollm2: the imported SmolLM2-135M-Instruct directory")
+    parser.add_argument("--model", help="smollm2: the imported SmolLM2-135M-Instruct directory; otherwise a model of "
+                                        "the standard size and tokenizer to train instead of the built one")
     parser.add_argument("--pause-every", type=int, default=0, help="pause before the first step, then after the "
                                                                  "warmup and every N measured steps (see above)")
     parser.add_argument("--torch-compile", action="store_true",

@@ -197,7 +197,8 @@ def _jupyter(args: argparse.Namespace) -> None:
 
 
 # options that belong to one bench only
-BENCH_OPTIONS = {"minutes": "soak", "workload": "e2e", "peer": "e2e", "engine": "e2e", "size": "rollout"}
+BENCH_OPTIONS = {"minutes": "soak", "workload": "e2e", "peer": "e2e", "engine": "e2e", "arch": "e2e",
+                 "model_impl": "e2e", "size": "rollout"}
 BENCH_MODULES = {"async": "async_rollout"}  # a bench whose name is not its module's (``async`` is a keyword)
 
 
@@ -331,6 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--size", choices=["tiny", "standard", "small"], help="rollout: the model (default small)")
     bench.add_argument("--engine", choices=["deepspeed", "torch", "fsdp"], help="e2e: the actor's training engine "
                                                                               "(default deepspeed)")
+    bench.add_argument("--arch", help="e2e: the standard model's family (default qwen2; models.factory.TINY_FAMILIES); "
+                                      "the TRL peer trains the same directory")
+    bench.add_argument("--model-impl", choices=["auto", "native", "transformers"],
+                       help="e2e: the path our actor runs the model on (default auto: models.families.model_impl)")
     bench.add_argument("--out", help="also write the JSON to this file")
     bench.set_defaults(run=_bench)
     return parser

@@ -65,7 +65,7 @@ def test_bench_algorithms_runs_each_algorithm_from_the_same_warm_start():
 FAKE_TRL = """
 import argparse, json, sys
 parser = argparse.ArgumentParser()
-for option in ("--workload", "--steps", "--warmup", "--pause-every", "--forced-lengths"):
+for option in ("--workload", "--steps", "--warmup", "--pause-every", "--forced-lengths", "--model"):
     parser.add_argument(option)
 parser.add_argument("--torch-compile", action="store_true")
 args = parser.parse_args(sys.argv[2:])
@@ -75,7 +75,7 @@ for step in range(warmup + steps):
         print(json.dumps({"paused": step}), flush=True)
         sys.stdin.readline()
 print(json.dumps({"bench": "trl_grpo", "step_s": [i + 1.0 for i in range(steps)], "step_tokens": [5120] * steps,
-                  "torch_compile": args.torch_compile}))
+                  "torch_compile": args.torch_compile, "model": args.model}))
 """
 
 
@@ -83,6 +83,12 @@ def test_e2e_bf16_workload_compiles_its_layers_and_decodes_with_the_compiled_ste
     decode, report = compile_settings("deepspeed", None, bf16=True)
     assert decode == ("rollout.decoding=compiled", "actor.engine.torch_compile=true")
     assert report == {"decode_step": "compiled (the oneDNN step runs float32 only)", "layers": "compiled"}
+
+
+def test_e2e_on_the_transformers_path_runs_eagerly_and_says_why():
+    assert compile_settings("deepspeed", None, bf16=False, impl="transformers") == ((), {
+        "decode_step": "eager: the transformers path runs the family's own code",
+        "layers": "eager: the transformers path runs the family's own code"})
 
 
 @pytest.mark.ray
@@ -104,6 +110,7 @@ def test_bench_e2e_counts_the_real_tokens_of_the_natural_workload_and_reports_th
     assert set(report["stage_flop_fraction"]) == {"generate", "ref", "update_actor"}
     assert all(0 < f < 1.5 for f in report["stage_flop_fraction"].values())
     assert report["peer"]["torch_compile"]  # TRL's trainer compiles where ours do
+    assert report["peer"]["model"].endswith("model-qwen2") and report["arch"] == "qwen2"  # the same model
     # TRL's measured steps: one after our block, then one alone, after our step alone and our Lab's shutdown
     assert report["peer"]["step_s"] == [1.0, 2.0]
     assert (report["peer_step_s"], report["peer_alone_step_s"]) == (1.0, 2.0)

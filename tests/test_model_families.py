@@ -16,6 +16,7 @@ from hybridflow_lab.models import build_model, char_tokenizer, load_causal_lm, s
 from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.models.families import model_impl
 from hybridflow_lab.models.heads import last_token_scores, load_scalar_model
+from hybridflow_lab.models.routing import RouteLog, routing_mismatch, scored_routes
 from hybridflow_lab.models.transformers_lm import TransformersLM, TransformersScalarModel
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.trainer.lab import Lab
@@ -83,6 +84,31 @@ def test_generation_over_transformers_cache_gives_the_full_passs_greedy_tokens_a
     assert torch.equal(predicted[response_mask], batch["responses"][response_mask])
     torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(padded, batch["rollout_log_probs"], rtol=1e-4, atol=1e-4)
+
+
+def test_the_routing_mismatch_is_zero_where_both_engines_route_alike_and_counts_every_token_that_moved(tiny_models):
+    """The built-in engine records the experts behind each response token; the trainer's pass over the same tokens
+    compares. Swapping layer 0's experts (its router's rows rolled by one) moves every token's top-2 of 4."""
+    model = load_causal_lm(tiny_models(2, arch="qwen3_moe")).eval()
+    ids, mask = padded_batch(length=6)
+    mask[1] = 1
+    out = generate(model, ids, mask, SamplingParams(n=2, greedy=True, max_new_tokens=7), int(ids[2, 0]), 0)
+    batch = DataBatch(sequences_batch(out, pad_token_id=0))
+    response = batch["response_mask"].bool()
+    assert batch["routed_experts"].shape == (6, 7, 4, 2)  # rows, tokens, MoE layers, experts a token
+    assert bool((batch["routed_experts"][response] >= 0).all()) and bool((batch["routed_experts"][~response] < 0).all())
+
+    def mismatch() -> torch.Tensor:
+        with torch.no_grad(), RouteLog(model) as routes:
+            model(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+        return routing_mismatch(scored_routes(routes.passes()[0], len(batch), response.shape[1]),
+                                batch["routed_experts"])[response]
+
+    assert float(mismatch().sum()) == 0
+    with torch.no_grad():
+        router = model.model.layers[0].mlp.gate.weight
+        router.copy_(router.roll(1, dims=0))
+    assert float(mismatch().mean()) == 1.0
 
 
 def test_a_directory_saved_from_the_transformers_path_loads_in_transformers(family_dir, tmp_path):
@@ -156,6 +182,8 @@ def test_ppo_on_two_ray_ranks_trains_a_transformers_family_with_its_critic(ray_c
         assert first["actor/kl"] == pytest.approx(0, abs=1e-6)  # one optimizer step a step: measured before it
         assert second["actor/kl"] != 0  # the policy moved away from the reference (the entropy bonus moves it)
         assert first["actor/rollout_mismatch"] < 1e-4 and second["actor/rollout_mismatch"] < 1e-4
+        if family == "qwen3_moe":  # float32 on both sides: the same experts behind every token
+            assert first["actor/routing_mismatch"] == 0 and second["actor/routing_mismatch"] == 0
         assert all(math.isfinite(m[key]) for m in (first, second) for key in ("actor/pg_loss", "critic/vf_loss"))
     finally:
         lab.shutdown()

@@ -46,6 +46,11 @@ def llama() -> nn.Module:
     return with_random_norms_and_biases(build_model(config, seed=4))
 
 
+def qwen3() -> nn.Module:
+    """An RMS norm over each query and key head (random weights)."""
+    return with_random_norms_and_biases(build_model(tiny_config("tiny", "qwen3", TOKENIZER), seed=5))
+
+
 def logits_each_step(model: nn.Module, step) -> list[torch.Tensor]:
     """Each decoding step's logits for left-padded prompts, two samples sharing each prompt's prefill, the same
     tokens fed every time, and half the rows leaving halfway."""
@@ -76,7 +81,7 @@ def assert_same_logits(model: nn.Module, reference: nn.Module | None = None) -> 
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("build", [qwen2, llama])
+@pytest.mark.parametrize("build", [qwen2, llama, qwen3])
 def test_the_onednn_step_gives_the_eager_steps_logits(build):
     assert_same_logits(build())
 
@@ -104,7 +109,7 @@ def test_the_onednn_step_refuses_what_it_cannot_run():
 
 def test_the_onednn_step_refuses_an_architecture_it_does_not_mirror_by_name():
     model = qwen2()
-    model.config.model_type = "mistral"  # a decoder the C++ step was not written for
-    with pytest.raises(ValueError, match="mirrors the qwen2 and llama decoders only, and this model's model_type is "
-                                         "'mistral'"):
+    model.config.model_type = "phi3"  # a decoder the C++ step was not written for
+    with pytest.raises(ValueError, match="mirrors the qwen2, llama, qwen3, mistral decoders only, and this model's "
+                                         "model_type is 'phi3'"):
         PackedDecoder(model, rows=4)

@@ -51,9 +51,10 @@ from hybridflow_lab.bench.peer import peer_command, peer_figures, started_peer
 from hybridflow_lab.bench.roofline import matmul_gflops
 from hybridflow_lab.config.rules import compiled_layers_refusal
 from hybridflow_lab.config.schema import EngineConfig
-from hybridflow_lab.models import create_model_dir, describe, load_causal_lm
+from hybridflow_lab.models import create_model_dir, describe, load_causal_lm, load_config
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
-from hybridflow_lab.models.onednn_decode import missing_onednn
+from hybridflow_lab.models.families import model_impl as path_of
+from hybridflow_lab.models.onednn_decode import missing_onednn, unmirrored_architecture
 from hybridflow_lab.trainer.lab import Lab
 
 STAGES = ("generate", "reward", "old_log_prob", "ref", "adv", "update_actor")
@@ -63,9 +64,10 @@ NATURAL_LENGTHS = (2, 3, 5, 8, 12, 17, 23, 30, 38, 47, 57, 68, 80, 94, 110, 128)
 
 
 def standard_lab(tmp: str, ranks: int = 2, engine: str = "deepspeed", backend: str = "ray",
-                 extra: tuple[str, ...] = ()) -> Lab:
-    """A Lab running the standard workload (plus ``extra`` overrides), its model and run directory under ``tmp``."""
-    model = create_model_dir(f"{tmp}/model", "standard", "qwen2", seed=0)
+                 extra: tuple[str, ...] = (), model: Path | None = None) -> Lab:
+    """A Lab running the standard workload (plus ``extra`` overrides) on ``model`` (default: the standard model),
+    its run directory under ``tmp``."""
+    model = model or standard_model(tmp)
     return Lab("arithmetic_grpo", overrides=(
         f"actor.model_path={model}", f"trainer.run_dir={tmp}/run", "trainer.progress=false",
         f"backend={backend}", f"actor.ranks={ranks}", f"actor.engine.backend={engine}", "task.digits=3",
@@ -75,6 +77,12 @@ def standard_lab(tmp: str, ranks: int = 2, engine: str = "deepspeed", backend: s
         "batch.update_minibatch_sequences=64", f"batch.micro_batch_sequences_per_rank={64 // ranks}",
         "algorithm.kl_loss_coef=0.04", *extra,
     ))
+
+
+def standard_model(tmp: str, arch: str = "qwen2") -> Path:
+    """The standard-size model of family ``arch``, seeded, under ``tmp`` (made once)."""
+    path = Path(tmp) / f"model-{arch}"
+    return path if (path / "config.json").is_file() else create_model_dir(path, "standard", arch, seed=0)
 
 
 def smollm2_dir(tmp: str) -> Path:
@@ -115,27 +123,34 @@ def step_tokens(metrics: dict[str, float], rows: int, real: bool) -> float:
 
 
 def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, engine: str = "deepspeed",
-        backend: str = "ray", workload: str = "standard", peer: str | None = None) -> dict[str, Any]:
+        backend: str = "ray", workload: str = "standard", peer: str | None = None, arch: str = "qwen2",
+        model_impl: str = "auto") -> dict[str, Any]:
     """``steps`` measured RL steps of ``workload`` after ``warmup`` (default: the workload's), with ``peer``
-    alternating with TRL's on the same workload; one JSON-ready report."""
+    alternating with TRL's on the same workload; ``arch``: the standard model's family (TRL's side trains the same
+    directory), ``model_impl``: the path ours runs it on. One JSON-ready report."""
     spec = WORKLOADS[workload]
     steps, warmup = steps or spec.steps, warmup if warmup is not None else spec.warmup
     lengths = NATURAL_LENGTHS if workload == "natural" else ()
     block = math.gcd(spec.block, steps) if spec.block else steps  # divides `steps`: TRL pauses where ours end
     peer_steps = steps + steps if spec.block else steps  # alternating, then alone
-    no_compiler = missing_cpp_compiler()
-    compiled, compiled_report = compile_settings(engine, no_compiler, spec.bf16)
-    # TRL's trainer compiles its model too where ours compile (faster on this CPU: docs/performance.md)
-    command = peer_command(peer, workload, peer_steps, warmup, block, lengths, torch_compile=not no_compiler) \
-        if peer else None  # fails before any run
+    if spec.model and arch != "qwen2":
+        raise SystemExit(f"hybridflow-lab bench e2e: error: --arch is for the standard-size workloads; {workload} "
+                         "brings its own model")
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        model = spec.model(tmp) if spec.model else None
+        model = spec.model(tmp) if spec.model else standard_model(tmp, arch)
+        model_config = load_config(model)
+        impl = path_of(model_config, model_impl)
+        no_compiler = missing_cpp_compiler()
+        compiled, compiled_report = compile_settings(engine, no_compiler, spec.bf16, impl, model_config.model_type)
+        # TRL's trainer compiles its model too where ours compile (faster on this CPU: docs/performance.md)
+        command = peer_command(peer, workload, peer_steps, warmup, block, lengths,
+                               torch_compile=compiled_report["layers"] == "compiled") if peer else None
         theirs = None
         if command:  # set up before our Lab starts, so that neither side's setup overlaps the other's steps
-            theirs = stack.enter_context(started_peer([*command, *(["--model", str(model)] if model else [])]))
-        lab = standard_lab(tmp, ranks, engine, backend, (*([f"actor.model_path={model}"] if model else []),
-                                                         *spec.overrides, *(["actor.engine.bf16=true"] if spec.bf16
-                                                                             else []), *compiled))
+            theirs = stack.enter_context(started_peer([*command, "--model", str(model)]))
+        lab = standard_lab(tmp, ranks, engine, backend, (f"actor.model_impl={model_impl}", *spec.overrides,
+                                                         *(["actor.engine.bf16=true"] if spec.bf16 else []),
+                                                         *compiled), model)
         stack.callback(lab.shutdown)
         counts = describe(load_causal_lm(lab.config.actor.model_path))
         rows = lab.config.batch.step_sequences
@@ -156,7 +171,8 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
         rate = matmul_gflops(dtype=precision)
         figures = functools.partial(throughput, rows=rows, parameters=counts["non_embedding_parameters"],
                                     head=counts["head_parameters"], real_tokens=spec.real_tokens, rate=rate)
-        report = {"bench": "e2e", "workload": workload, "actor_ranks": ranks, "engine": lab.config.actor.engine.backend,
+        report = {"bench": "e2e", "workload": workload, "arch": model_config.model_type, "model_impl": impl,
+                  "actor_ranks": ranks, "engine": lab.config.actor.engine.backend,
                   "steps": steps, "precision": str(precision).removeprefix("torch."),
                   **compiled_report, **figures(history)}
         if peer_report:
@@ -164,13 +180,16 @@ def run(steps: int | None = None, warmup: int | None = None, ranks: int = 2, eng
     return report
 
 
-def compile_settings(engine: str, no_compiler: str | None, bf16: bool) -> tuple[tuple[str, ...], dict[str, str]]:
+def compile_settings(engine: str, no_compiler: str | None, bf16: bool, impl: str = "native",
+                     model_type: str = "qwen2") -> tuple[tuple[str, ...], dict[str, str]]:
     """The overrides that speed up our decoding step and compile our training layers where they can (``no_compiler``:
-    why inductor cannot here, if so; ``bf16``: the workload trains in bfloat16), and the report's ``decode_step`` and
-    ``layers``: how each ran, and why not faster. Decoding runs the oneDNN step (float32 only), else compiled."""
-    if no_compiler:
-        return (), {"decode_step": f"eager: {no_compiler}", "layers": f"eager: {no_compiler}"}
-    no_onednn = "the oneDNN step runs float32 only" if bf16 else missing_onednn()
+    why inductor cannot here, if so; ``bf16``: the workload trains in bfloat16; ``impl``: the model's path, and the
+    transformers path has neither), and the report's ``decode_step`` and ``layers``: how each ran, and why not
+    faster. Decoding runs the oneDNN step (float32, the families it mirrors), else compiled."""
+    if no_compiler or impl == "transformers":
+        why = no_compiler or "the transformers path runs the family's own code"
+        return (), {"decode_step": f"eager: {why}", "layers": f"eager: {why}"}
+    no_onednn = "the oneDNN step runs float32 only" if bf16 else missing_onednn() or unmirrored_architecture(model_type)
     decode, decode_report = ((("rollout.decoding=compiled",), f"compiled ({no_onednn})") if no_onednn
                              else (("rollout.decoding=onednn",), "onednn"))
     refusal = compiled_layers_refusal("actor", EngineConfig(backend=engine))

@@ -19,6 +19,7 @@ from hybridflow_lab.models.decode_step import compiled_decode_step, decode_step
 from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.models.kv_cache import KVCache
 from hybridflow_lab.models.onednn_decode import PackedDecoder
+from hybridflow_lab.models.routing import RouteLog, generation_routes
 
 DECODINGS = ("eager", "compiled", "onednn")  # how each decoding step runs: see ``decoder``
 
@@ -50,7 +51,8 @@ def generate(
 
     Returns ``responses`` and ``response_mask`` (``[batch * n, max_new_tokens]``, 1 up to and
     including the stop token), ``log_probs`` of the sampled tokens under the distribution they
-    were drawn from (``sample_next``), and ``prompt_ids`` / ``prompt_mask`` repeated to match. ``decoding``: how
+    were drawn from (``sample_next``), and ``prompt_ids`` / ``prompt_mask`` repeated to match; for a mixture of
+    experts, ``routed_experts`` (``routing.generation_routes``). ``decoding``: how
     each step after the prefill runs (``decoder``; the same logits, in fewer dispatched operations or faster GEMMs).
     """
     device = prompt_ids.device
@@ -74,37 +76,44 @@ def generate(
         schedule = torch.tensor(params.forced_lengths, device=device)
         forced = schedule[torch.arange(batch, device=device) % len(schedule)]
 
-    logits = model(prompt_ids, prompt_mask, cache=cache, keep_last=1)[:, 0]
-    if params.n > 1:  # each prompt's prefill is computed once and shared by its n samples (vLLM's parallel sampling)
-        samples = torch.arange(prompts, device=device).repeat_interleave(params.n)
-        prompt_ids, prompt_mask, logits = prompt_ids[samples], prompt_mask[samples], logits[samples]
-        cache.keep_rows(samples)
-    for step in range(params.max_new_tokens):
-        if forced is not None:
-            logits = force_lengths(logits, step, forced[live], eos_token_id)
-        tokens, token_log_probs = sample_next(logits, params, generator)
-        responses[live, step] = tokens
-        log_probs[live, step] = token_log_probs
-        done = torch.isin(tokens, stops)
-        if bool(done.any()):
-            lengths[live[done]] = step + 1
-            keep = (~done).nonzero().squeeze(-1)
-            if keep.numel() == 0:
-                break
-            live, tokens = live[keep], tokens[keep]
-            cache.keep_rows(keep)
-        if step + 1 < params.max_new_tokens:
-            logits = step_logits(tokens, cache)
+    decoded_rows: list[torch.Tensor] = []  # the rows each decoding pass computes, for a mixture's routes
+    with RouteLog(model) as routes:
+        logits = model(prompt_ids, prompt_mask, cache=cache, keep_last=1)[:, 0]
+        if params.n > 1:  # one prefill per prompt, shared by its n samples (vLLM's parallel sampling)
+            samples = torch.arange(prompts, device=device).repeat_interleave(params.n)
+            prompt_ids, prompt_mask, logits = prompt_ids[samples], prompt_mask[samples], logits[samples]
+            cache.keep_rows(samples)
+        for step in range(params.max_new_tokens):
+            if forced is not None:
+                logits = force_lengths(logits, step, forced[live], eos_token_id)
+            tokens, token_log_probs = sample_next(logits, params, generator)
+            responses[live, step] = tokens
+            log_probs[live, step] = token_log_probs
+            done = torch.isin(tokens, stops)
+            if bool(done.any()):
+                lengths[live[done]] = step + 1
+                keep = (~done).nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    break
+                live, tokens = live[keep], tokens[keep]
+                cache.keep_rows(keep)
+            if step + 1 < params.max_new_tokens:
+                decoded_rows.append(live)
+                logits = step_logits(tokens, cache)
 
     steps = torch.arange(params.max_new_tokens, device=device)
     response_mask = (steps[None, :] < lengths[:, None]).long()
-    return {
+    out = {
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,
         "responses": responses.masked_fill(response_mask == 0, pad_token_id),
         "response_mask": response_mask,
         "log_probs": log_probs * response_mask,
     }
+    if routes.routers:
+        out["routed_experts"] = generation_routes(routes.passes(), decoded_rows, prompts, params.n,
+                                                  params.max_new_tokens)
+    return out
 
 
 def sequences_batch(out: dict[str, torch.Tensor], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -119,6 +128,7 @@ def sequences_batch(out: dict[str, torch.Tensor], pad_token_id: int) -> dict[str
         "attention_mask": attention_mask,
         "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
         "rollout_log_probs": out["log_probs"],
+        **({"routed_experts": out["routed_experts"]} if "routed_experts" in out else {}),
     }
 
 

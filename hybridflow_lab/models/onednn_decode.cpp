@@ -1,4 +1,4 @@
-// One decoding step of a Qwen2/Llama DecoderLM on the CPU, float32, over oneDNN's pre-packed weights
+// One decoding step of a Qwen2/Llama/Qwen3/Mistral DecoderLM on the CPU, float32, over oneDNN's pre-packed weights
 // (hybridflow_lab/models/onednn_decode.py builds it and packs the weights). The same computation as
 // DecoderLM.forward with a KV cache and one new token per row.
 #include <torch/extension.h>
@@ -12,7 +12,7 @@ using at::Tensor;
 
 namespace {
 
-constexpr int64_t kPerLayer = 10;  // weights per layer, in the order onednn_decode.py packs them
+constexpr int64_t kPerLayer = 12;  // weights per layer, in the order onednn_decode.py packs them
 
 Tensor linear(const Tensor& x, const Tensor& packed, const Tensor& bias) {
   static auto op = c10::Dispatcher::singleton()
@@ -41,6 +41,26 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
     for (int64_t i = 0; i < hidden; ++i) o[i] = in[i] * scale * wp[i];
   }
   return out;
+}
+
+// Qwen3's RMS norm over each query head (weight q) and each key head (weight k) of qkv [rows, (heads + 2 kv_heads) *
+// dim], in place, before the rotary embedding.
+void head_norms(const Tensor& qkv, const Tensor& q, const Tensor& k, int64_t heads, int64_t kv_heads, int64_t dim,
+                double eps) {
+  const int64_t rows = qkv.size(0), width = qkv.size(1);
+  float* xp = qkv.data_ptr<float>();
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t head = 0; head < heads + kv_heads; ++head) {
+      float* x = xp + row * width + head * dim;
+      const float* w = (head < heads ? q : k).data_ptr<float>();
+      float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+      for (int64_t i = 0; i < dim; ++i) squares += x[i] * x[i];
+      const float scale = 1.f / std::sqrt(squares / dim + static_cast<float>(eps));
+#pragma omp simd
+      for (int64_t i = 0; i < dim; ++i) x[i] = x[i] * scale * w[i];
+    }
+  }
 }
 
 // Rotates the query and key heads of each row of qkv [rows, (heads + 2 kv_heads) * dim] in place (rotary position
@@ -128,7 +148,8 @@ Tensor attend(const Tensor& qkv, int64_t heads, const Tensor& keys, const Tensor
 
 // Next-token logits [rows, vocab] for `tokens` [rows] at `positions` [rows, 1], writing their keys and values at
 // `slot` of each layer's cache. weights: per layer (input norm, q|k|v, its bias, o, its bias, post-attention norm,
-// gate|up, its bias, down, its bias), then (final norm, head); an empty bias is none.
+// gate|up, its bias, down, its bias, query-head norm, key-head norm), then (final norm, head); an empty bias or
+// head norm is none.
 Tensor decode_step(const Tensor& tokens, const Tensor& positions, const Tensor& embed, const Tensor& inv_freq,
                    double rope_scaling, const std::vector<Tensor>& weights, const std::vector<Tensor>& keys,
                    const std::vector<Tensor>& values, int64_t slot, const Tensor& valid, int64_t heads,
@@ -143,6 +164,7 @@ Tensor decode_step(const Tensor& tokens, const Tensor& positions, const Tensor& 
     TORCH_CHECK(keys[layer].is_contiguous() && values[layer].is_contiguous(), "the cache must be contiguous");
     const Tensor* w = &weights[layer * kPerLayer];
     const Tensor qkv = linear(rms_norm(x, w[0], eps), w[1], w[2]);
+    if (w[10].numel()) head_norms(qkv, w[10], w[11], heads, kv_heads, keys[layer].size(3), eps);
     rotate_and_cache(qkv, cos, sin, heads, kv_heads, keys[layer], values[layer], slot);
     x = x + linear(attend(qkv, heads, keys[layer], values[layer], valid, slot + 1), w[3], w[4]);
     const Tensor gate_up = linear(rms_norm(x, w[5], eps), w[6], w[7]);

@@ -25,14 +25,16 @@ from hybridflow_lab.models.lora import LoraLinear, merge
 
 SOURCE = Path(__file__).with_name("onednn_decode.cpp")
 NO_BIAS = torch.empty(0)
-MIRRORED_ARCHITECTURES = ("qwen2", "llama")  # the model_types whose decoding step onednn_decode.cpp computes
+# the model_types whose decoding step onednn_decode.cpp computes (Mistral's window: the decoder refuses sequences
+# longer than it, so every slot is inside it)
+MIRRORED_ARCHITECTURES = ("qwen2", "llama", "qwen3", "mistral")
 
 
 def unmirrored_architecture(model_type: str) -> str | None:
     """Why the C++ step cannot decode a model of ``model_type`` (config.json's), or None when it mirrors it."""
     if model_type in MIRRORED_ARCHITECTURES:
         return None
-    return (f"the oneDNN decoding step mirrors the {' and '.join(MIRRORED_ARCHITECTURES)} decoders only, and this "
+    return (f"the oneDNN decoding step mirrors the {', '.join(MIRRORED_ARCHITECTURES)} decoders only, and this "
             f"model's model_type is {model_type!r}")
 
 
@@ -98,7 +100,9 @@ class PackedDecoder:
                 self._pack(rows, attention.o_proj), _bias(attention.o_proj),
                 layer.post_attention_layernorm.weight.detach(),
                 self._pack(rows, mlp.gate_proj, mlp.up_proj), _bias(mlp.gate_proj, mlp.up_proj),
-                self._pack(rows, mlp.down_proj), _bias(mlp.down_proj)]
+                self._pack(rows, mlp.down_proj), _bias(mlp.down_proj),
+                *((attention.q_norm.weight.detach(), attention.k_norm.weight.detach()) if attention.q_norm is not None
+                  else (NO_BIAS, NO_BIAS))]
 
     def step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """``decode_step``'s logits ``[batch, vocab]`` for one new token per row."""
