@@ -155,20 +155,27 @@ def test_the_local_backend_trains_with_the_sharded_engines(model_dir, tmp_path, 
         lab.shutdown()
 
 
-def test_resume_reproduces_the_next_step_exactly(model_dir, tmp_path):
-    straight = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "a"))
+def assert_resume_takes_the_same_next_step(overrides: tuple[str, ...]) -> None:
+    """A run saved at step 2 and resumed takes the step the straight run took after the save."""
+    straight = Lab("arithmetic_grpo", overrides=overrides)
     straight.run(2)
     straight.save()
     expected = straight.step()
     straight.shutdown()
-    resumed = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "a"), resume=True)
-    assert resumed.step_index == 2
-    again = resumed.step()
+    resumed = Lab("arithmetic_grpo", overrides=overrides, resume=True)
+    try:
+        assert resumed.step_index == 2
+        again = resumed.step()
+    finally:
+        resumed.shutdown()
     for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"):
         assert again[key] == pytest.approx(expected[key], rel=1e-6), key
+
+
+def test_resume_reproduces_the_next_step_exactly(model_dir, tmp_path):
+    assert_resume_takes_the_same_next_step(local_overrides(model_dir, tmp_path / "a"))
     steps = [json.loads(line)["step"] for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]  # the replayed step replaced the first run's line
-    resumed.shutdown()
 
 
 def test_sorting_task_takes_its_length_from_the_config(model_dir, tmp_path):

@@ -20,7 +20,7 @@ from hybridflow_lab.models.routing import RouteLog, routing_mismatch, scored_rou
 from hybridflow_lab.models.transformers_lm import TransformersLM, TransformersScalarModel
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.trainer.lab import Lab
-from tests.test_lab import local_overrides
+from tests.test_lab import assert_resume_takes_the_same_next_step, local_overrides
 
 TRANSFORMERS_FAMILIES = ["gemma3_text", "phi3", "qwen3_moe"]
 
@@ -192,13 +192,4 @@ def test_ppo_on_two_ray_ranks_trains_a_transformers_family_with_its_critic(ray_c
 def test_grpo_on_a_transformers_family_resumes_to_the_same_next_step(family_dir, tmp_path):
     """The checkpoint holds what the family's next step needs (the saved weights in the checkpoint's layout, for
     Qwen3-MoE one tensor per expert): a resumed run takes the step the straight run took."""
-    straight = Lab("arithmetic_grpo", overrides=local_overrides(family_dir, tmp_path / "a"))
-    straight.run(2)
-    straight.save()
-    expected = straight.step()
-    straight.shutdown()
-    resumed = Lab("arithmetic_grpo", overrides=local_overrides(family_dir, tmp_path / "a"), resume=True)
-    again = resumed.step()
-    resumed.shutdown()
-    for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "response_length/mean"):
-        assert again[key] == pytest.approx(expected[key], rel=1e-6), key
+    assert_resume_takes_the_same_next_step(local_overrides(family_dir, tmp_path / "a"))
