@@ -415,6 +415,8 @@ OVERRIDE_CASES = [
     Case("adapters_of_other_lora_settings", ["actor.lora.rank=4", "actor.lora.adapter_path={adapters_r8}"],
          ConfigError, ("actor.lora.adapter_path", "rank 8 (this run: 4)", "target_modules [q_proj, v_proj]"),
          "set actor.lora.rank=8 actor.lora.target_modules=[q_proj, v_proj]"),
+    Case("adapters_without_lora", ["actor.lora.adapter_path={adapters_r8}"], ConfigError,
+         ("actor.lora.adapter_path", "actor.lora.rank is 0"), "set actor.lora.rank to their r"),
     Case("a_chat_template_the_tokenizer_lacks", ["task.chat_template=true"], ConfigError,
          ("task.chat_template", "has no chat template"), "set task.chat_template=false for raw prompts"),
     Case("native_forced_on_a_family_it_lacks", ["actor.model_path={phi3}", "actor.model_impl=native"], ConfigError,

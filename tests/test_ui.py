@@ -62,6 +62,7 @@ def test_only_valid_sizes_are_offered_and_invalid_plans_say_why(model_dir):
 def test_the_board_offers_valid_choices_and_applies_to_a_lab_before_start(model_dir, tmp_path):
     lab = Lab(ppo_config(model_dir, f"trainer.run_dir={tmp_path}"), start=False)
     board = placement_board(lab, devices=4)
+    assert "model: qwen2 on the project decoder" in board.header.value  # the path print(lab) names
     sizes = control(board, "pool main slots")
     assert list(sizes.options) == [1, 2] and sizes.value == 2 and "valid: 2 of 4 slots" in board.status.value
     critic_row = board.controls.children[1]

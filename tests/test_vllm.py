@@ -255,10 +255,11 @@ def test_vllm_on_the_real_model_generates_like_the_built_in_engine_and_syncs_mer
         lab.shutdown()
 
 
-# ---------------------------------------------------------------- the families on the transformers path
-@pytest.fixture(scope="module", params=["gemma3_text", "phi3", "qwen3_moe"])
+# ---------------------------------------------------------------- the other families, on either path
+@pytest.fixture(scope="module", params=["qwen3", "mistral", "gemma3_text", "phi3", "qwen3_moe"])
 def family(request, tmp_path_factory):
-    """A tiny random model of a family the project's decoder does not run, and a vLLM engine on its directory."""
+    """A tiny random model of another family (Qwen3 and Mistral on the project's decoder, the rest on the
+    transformers path), and a vLLM engine on its directory."""
     path = str(create_model_dir(tmp_path_factory.mktemp(request.param) / "m", "tiny", request.param, seed=3))
     engine = VllmRollout(path, SamplingParams(max_new_tokens=NEW_TOKENS), TOKENIZER.eos_token_id,
                          TOKENIZER.pad_token_id, VllmSettings(dtype=torch.float32, max_model_len=8 + NEW_TOKENS))
@@ -266,7 +267,7 @@ def family(request, tmp_path_factory):
     del engine.llm  # one engine's KV cache at a time
 
 
-def test_vllm_samples_a_transformers_family_with_the_trainers_log_probs(family):
+def test_vllm_samples_each_family_with_the_trainers_log_probs(family):
     path, engine = family
     model = load_causal_lm(path).eval()
     out = DataBatch(generated(engine, SamplingParams(max_new_tokens=NEW_TOKENS, n=2, seed=1)))
@@ -275,9 +276,10 @@ def test_vllm_samples_a_transformers_family_with_the_trainers_log_probs(family):
     torch.testing.assert_close(out["rollout_log_probs"][mask], trainer[mask], rtol=0, atol=1e-4)
 
 
-def test_a_transformers_familys_update_reaches_vllm_in_the_checkpoints_layout_and_is_checked(family):
-    """Phi-3's fused qkv and gate_up, Gemma's norms, Qwen3-MoE's experts (fused in the trainer, one tensor each in
-    the checkpoint, stacked again in vLLM): every tensor is checked, and the engine generates with the update."""
+def test_a_familys_update_reaches_vllm_in_the_checkpoints_layout_and_is_checked(family):
+    """Qwen3's head norms, Phi-3's fused qkv and gate_up, Gemma's norms, Qwen3-MoE's experts (fused in the trainer,
+    one tensor each in the checkpoint, stacked again in vLLM): every tensor is checked, and the engine generates
+    with the update."""
     path, engine = family
     model = load_causal_lm(path).eval()
     new = perturbed(model)

@@ -113,9 +113,12 @@ def _check_transformers_path(config: LabConfig) -> None:
 
 
 def _check_lora_targets(config: LabConfig, roles: tuple[str, ...]) -> None:
-    """Every module LoRA targets is a linear layer the role's model has."""
+    """Every module LoRA targets is a linear layer the role's model has; adapters to start from fit the role's."""
     for name in roles:
         role = getattr(config, name)
+        if role.lora.adapter_path and not role.lora.enabled:
+            raise ConfigError(f"{name}.lora.adapter_path", f"starts from LoRA adapters, and {name}.lora.rank is 0 "
+                              f"(no adapters): set {name}.lora.rank to their r")
         if not role.lora.enabled:
             continue
         path, impl = config.model_source(name)

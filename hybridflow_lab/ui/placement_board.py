@@ -15,6 +15,7 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from hybridflow_lab.config import TRAIN_BACKENDS, LabConfig
+from hybridflow_lab.dataflows.preflight import model_summary
 from hybridflow_lab.placement import Placement, Suggestion
 from hybridflow_lab.placement.hardware import machine_profile
 from hybridflow_lab.placement.measured import stage_seconds
@@ -73,8 +74,10 @@ class PlacementBoard:
         self.suggest_button.on_click(lambda _: self.show_suggestions(self.suggest(lab.config, self.devices)))
         self.suggestions = widgets.VBox([widgets.HTML("<i>no suggestions yet</i>")])
         self.timing = go.FigureWidget()
+        self.header = widgets.HTML(f"<b>Placement</b> of {html.escape(lab.name)} on {self.devices} device slots; "
+                                   f"model: {html.escape(model_summary(lab.config))}")
         self.widget = themed(widgets.VBox([
-            widgets.HTML(f"<b>Placement</b> of {html.escape(lab.name)} on {self.devices} device slots"), self.grid,
+            self.header, self.grid,
             self.controls, widgets.HBox([self.apply_button, self.suggest_button]), self.status, self.timing,
             widgets.HTML("<b>Suggestions</b>"), self.suggestions,
         ]))
