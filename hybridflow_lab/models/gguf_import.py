@@ -69,11 +69,12 @@ def packaged_model_file(name: str) -> Path:
                                 "model packages with `make models` (requirements/models.txt, without their "
                                 "plugin dependencies)")
     path = Path(next(iter(spec.submodule_search_locations))) / file
-    if not path.is_file() and hasattr(importlib.import_module(package), "assemble"):
-        return Path(importlib.import_module(package).assemble())
-    if not path.is_file():
-        raise FileNotFoundError(f"{package} is installed but has no {file} (at {path})")
-    return path
+    if path.is_file():
+        return path
+    assemble = getattr(importlib.import_module(package), "assemble", None)
+    if assemble is not None:
+        return Path(assemble())
+    raise FileNotFoundError(f"{package} is installed but has no {file} (at {path})")
 
 
 def gguf_contents(path: Path) -> tuple[str, list[str]]:
