@@ -87,6 +87,21 @@ def browser_page(name: str, width: int = 1300, height: int = 1000) -> Iterator[o
             browser.close()
 
 
+# How anywidget loads a widget's code: a JavaScript blob imported as a module (plotly's FigureWidget sends 5 MB of
+# it with each figure). Prefixed with a wait, each such module loads as slowly as on a loaded machine.
+SLOW_WIDGET_MODULES = """(() => {
+  const createObjectURL = URL.createObjectURL.bind(URL);
+  URL.createObjectURL = (blob) => createObjectURL(blob instanceof Blob && blob.type.includes("javascript")
+    ? new Blob([`await new Promise((done) => setTimeout(done, ${SECONDS} * 1000));\\n`, blob], {type: blob.type})
+    : blob);
+})();"""
+
+
+def slow_widget_modules(page: object, seconds: float) -> None:
+    """Make every widget module ``page`` loads from a blob wait ``seconds`` before it runs."""
+    page.add_init_script(SLOW_WIDGET_MODULES.replace("${SECONDS}", str(seconds)))
+
+
 def keep_screenshot(page: object, name: str) -> None:
     """Save a screenshot for the docs when ``HYBRIDFLOW_SCREENSHOTS`` names a directory."""
     target = os.environ.get("HYBRIDFLOW_SCREENSHOTS")

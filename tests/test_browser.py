@@ -16,7 +16,7 @@ import nbformat
 import pytest
 
 from hybridflow_lab.trainer.lab import Lab
-from tests.browser import browser_page, free_port, keep_screenshot, needs_chromium, server
+from tests.browser import browser_page, free_port, keep_screenshot, needs_chromium, server, slow_widget_modules
 from tests.test_lab import local_overrides
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, needs_chromium]
@@ -129,6 +129,7 @@ def jupyterlab_running(tmp_path, name: str, overrides: list[str], cells: list[st
                "--LabApp.expose_app_in_browser=True", "--allow-root",
                f"--LabApp.user_settings_dir={tmp_path / 'settings'}", f"--LabApp.workspaces_dir={tmp_path}"]
     with server(command, f"{base}/lab", tmp_path / "jupyter.log"), browser_page(name, height=1600) as page:
+        slow_widget_modules(page, seconds=3)  # as on a loaded machine: every figure must still show its data
         page.goto(f"{base}/lab/tree/{name}.ipynb")
         page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget", timeout=60_000)
         page.locator(".jp-Notebook").wait_for(timeout=60_000)

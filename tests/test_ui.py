@@ -80,14 +80,14 @@ def test_the_board_offers_valid_choices_and_applies_to_a_lab_before_start(model_
     board.show_suggestions([Suggestion("one slot each", plan, 1.5)])
     board.suggestions.children[0].click()
     assert board.plan == plan and board.suggestions.children[0].description == "1. one slot each (~1.50 s)"
-    assert {trace.y[0] for trace in board.timing.data} == {"predicted"}  # no step measured yet
+    assert {trace.y[0] for trace in board.timing.figure.data} == {"predicted"}  # no step measured yet
 
 
 def test_the_board_sets_the_predicted_stages_beside_the_last_measured_step(model_dir, tmp_path):
     lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run"))
     board = placement_board(lab, devices=1)
     lab.step()
-    measured = {t.name: t for t in board.timing.data if t.y[0] == "last step (measured)"}
+    measured = {t.name: t for t in board.timing.figure.data if t.y[0] == "last step (measured)"}
     history = lab.history[-1]
     assert measured["generation (measured)"].x[0] == history["timing_s/generate"]
     assert measured["training (measured)"].x[0] == history["timing_s/update_actor"]
@@ -137,7 +137,7 @@ def test_runs_compared_list_their_config_differences_curves_and_stage_seconds(mo
 def test_the_dashboard_follows_a_running_lab(model_dir, tmp_path):
     lab = Lab("arithmetic_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "algorithm.name=ppo"))
     view = dashboard(lab, interval_s=0.05, steps_shown=1)
-    assert [a.text for a in view.timeline.layout.annotations] == [
+    assert [a.text for a in view.timeline.figure.layout.annotations] == [
         "no spans yet: a stage called in a cell, or lab.step(), records them"]  # not empty axes
     lab.run(2)
     deadline = time.monotonic() + 10
@@ -145,14 +145,14 @@ def test_the_dashboard_follows_a_running_lab(model_dir, tmp_path):
         time.sleep(0.05)
     with view._lock:  # and finishes the redraw it is in
         pass
-    rows = {row for trace in view.timeline.data for row in trace.y}
+    rows = {row for trace in view.timeline.figure.data for row in trace.y}
     assert rows == {"controller", "actor r0", "critic r0"}
-    assert not view.timeline.layout.annotations and view.timeline.layout.xaxis.visible is not False
+    assert not view.timeline.figure.layout.annotations and view.timeline.figure.layout.xaxis.visible is not False
     steps_drawn = {s.step for s in figures.recent_steps(view._spans, 1)}
     assert steps_drawn == {1}  # the last step only
-    stacked = {trace.name: trace.y for trace in view.stage_times.data}
+    stacked = {trace.name: trace.y for trace in view.stage_times.figure.data}
     assert stacked["update_critic"] == tuple(m["timing_s/update_critic"] for m in lab.history)
-    scores = next(t for t in view.curves.data if t.name == "critic/score/mean")
+    scores = next(t for t in view.curves.figure.data if t.name == "critic/score/mean")
     assert list(scores.x) == [1, 2] and list(scores.y) == [m["critic/score/mean"] for m in lab.history]
     assert view.sample_step.options == (2, 1) and view.sample_step.value == 2
     assert lab.samples[-1]["prompt"] in view.samples.value

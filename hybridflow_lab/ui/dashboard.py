@@ -13,29 +13,15 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from hybridflow_lab.telemetry import DataflowGraph, Span, dataflow_graph
 from hybridflow_lab.telemetry.dataflow_graph import node_html, to_svg
 from hybridflow_lab.ui import figures
+from hybridflow_lab.ui.live_figure import LiveFigure
 from hybridflow_lab.ui.theme import themed
 
 if TYPE_CHECKING:
     from hybridflow_lab.trainer.lab import Lab
-
-
-def replace_figure(widget: go.FigureWidget, figure: go.Figure) -> None:
-    """Swap a FigureWidget's traces for ``figure``'s in one front-end update; the layout is updated only
-    where it differs (re-validating a whole layout with its template costs ~50 ms)."""
-    layout = figure.layout.to_plotly_json()
-    layout.pop("template", None)
-    drawn = getattr(widget, "_drawn_layout", None)
-    with widget.batch_update():
-        widget.data = ()
-        widget.add_traces(list(figure.data))
-        if drawn != layout:  # what the last figure set and this one does not goes back to its default
-            widget.update_layout({**dict.fromkeys(set(drawn or {}) - set(layout)), **layout}, overwrite=True)
-            widget._drawn_layout = layout
 
 
 class Dashboard:
@@ -53,9 +39,9 @@ class Dashboard:
         self.graph_stage = widgets.Dropdown(description="stage", options=[])
         self.graph_detail = widgets.HTML()
         self.graph_stage.observe(lambda _: self._show_graph(), names="value")
-        self.timeline = go.FigureWidget()
-        self.stage_times = go.FigureWidget()
-        self.curves = go.FigureWidget()
+        self.timeline = LiveFigure()
+        self.stage_times = LiveFigure()
+        self.curves = LiveFigure()
         self.sample_step = widgets.Dropdown(description="samples of step", style={"description_width": "initial"})
         self.samples = widgets.HTML()
         self.sample_step.observe(lambda _: self._show_samples(), names="value")
@@ -103,8 +89,7 @@ class Dashboard:
             start = time.monotonic()
             span_count, history = self._span_count, list(self.lab.history)
             if span_count != self._drawn_spans:
-                replace_figure(self.timeline, figures.timeline(figures.recent_steps(list(self._spans),
-                                                                                    self.steps_shown)))
+                self.timeline.show(figures.timeline(figures.recent_steps(list(self._spans), self.steps_shown)))
                 self._drawn_spans = span_count
             running = self._running_changes
             if (span_count, running) != (self._drawn_spans_graph, self._drawn_running):
@@ -112,8 +97,8 @@ class Dashboard:
                 self._show_graph()
                 self._drawn_spans_graph, self._drawn_running = span_count, running
             if len(history) != self._drawn_steps:
-                replace_figure(self.stage_times, figures.stage_times(history))
-                replace_figure(self.curves, figures.curves(history))
+                self.stage_times.show(figures.stage_times(history))
+                self.curves.show(figures.curves(history))
                 self._update_sample_steps()
                 self._drawn_steps = len(history)
             self.status.value = (f"<b>{self.lab.name}</b>: step {self.lab.step_index} · {span_count} spans · "

@@ -22,7 +22,7 @@ from hybridflow_lab.placement.measured import stage_seconds
 from hybridflow_lab.placement.predict import predict
 from hybridflow_lab.placement.suggest import overlaps
 from hybridflow_lab.placement.workload import workload_from_config
-from hybridflow_lab.ui.dashboard import replace_figure
+from hybridflow_lab.ui.live_figure import LiveFigure
 from hybridflow_lab.ui.plan_figure import predicted_beside_measured
 from hybridflow_lab.ui.theme import themed
 
@@ -73,7 +73,7 @@ class PlacementBoard:
                                              tooltip="rank placements with the auto-mapping search")
         self.suggest_button.on_click(lambda _: self.show_suggestions(self.suggest(lab.config, self.devices)))
         self.suggestions = widgets.VBox([widgets.HTML("<i>no suggestions yet</i>")])
-        self.timing = go.FigureWidget()
+        self.timing = LiveFigure()
         self.header = widgets.HTML(f"<b>Placement</b> of {html.escape(lab.name)} on {self.devices} device slots; "
                                    f"model: {html.escape(model_summary(lab.config))}")
         self.widget = themed(widgets.VBox([
@@ -116,14 +116,13 @@ class PlacementBoard:
         """The simulator's stages for the board's plan (on this machine's profile) beside the Lab's last step."""
         config = self.lab.config
         if problem is not None:
-            replace_figure(self.timing, go.Figure(layout={"title": "no prediction: the plan cannot run",
-                                                          "height": 120}))
+            self.timing.show(go.Figure(layout={"title": "no prediction: the plan cannot run", "height": 120}))
             return
         placed = self.plan.apply(config)
         prediction = predict(self.plan, workload_from_config(placed), machine_profile(self.plan.devices_needed()),
                              concurrent=overlaps(placed))
         measured = stage_seconds(self.lab.history[-1:]) if self.lab.history else None
-        replace_figure(self.timing, predicted_beside_measured(prediction, measured))
+        self.timing.show(predicted_beside_measured(prediction, measured))
 
     def close(self) -> None:
         """Stop following the Lab's steps and close the widgets."""

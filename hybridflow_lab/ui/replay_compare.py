@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from hybridflow_lab.trainer.replay import Replayed
+from hybridflow_lab.ui.live_figure import LiveFigure
 from hybridflow_lab.ui.theme import themed
 
 UPDATE_METRICS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm", "actor/entropy")
@@ -32,7 +33,7 @@ class ReplayComparison:
         self.figure = heatmaps(self.replays)
 
         self.widget = themed(widgets.VBox([widgets.HTML(self.table.to_html(float_format="{:.4g}".format)),
-                                           go.FigureWidget(self.figure)]))
+                                           LiveFigure(self.figure)]))
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)

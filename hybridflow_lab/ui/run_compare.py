@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 
 from hybridflow_lab.trainer.run_log import CONFIG_FILE
 from hybridflow_lab.ui import figures
+from hybridflow_lab.ui.live_figure import LiveFigure
 from hybridflow_lab.ui.run_files import RunFiles
 from hybridflow_lab.ui.theme import themed
 
@@ -48,7 +49,7 @@ class RunComparison:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         shown = themed(widgets.VBox([widgets.HTML("<b>config differences</b>" + self.differences.to_html()),
-                                     go.FigureWidget(self.curves), go.FigureWidget(self.stage_times)]))
+                                     LiveFigure(self.curves), LiveFigure(self.stage_times)]))
         return shown._repr_mimebundle_(**kwargs)
 
 
