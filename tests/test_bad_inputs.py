@@ -300,7 +300,7 @@ OVERRIDE_CASES = [
          "'local' runs every role in this process"),
     Case("unknown_algorithm", ["algorithm.name=a2c"], ConfigError, ("algorithm.name", "'a2c'"), "'grpo'"),
     Case("unknown_task", ["task.name=chess"], ConfigError, ("task.name", "'chess'"),
-         "known tasks: arithmetic, countdown, gsm8k, sorting, word_problems"),
+         "known tasks: arithmetic, calculator, countdown, gsm8k, sorting, word_problems"),
     Case("unknown_rollout_engine", ["rollout.engine=sglang"], ConfigError, ("rollout.engine", "'sglang'"),
          "('torch', 'vllm')"),
     Case("unknown_train_backend", ["actor.engine.backend=megatron"], ConfigError, ("actor.engine.backend",),

@@ -14,7 +14,8 @@ LAYERS = (
     ("config",),  # the run's settings and the rules between them (no I/O: the probes are dataflows.preflight)
     ("telemetry",),  # spans, stage summaries (of batches)
     ("algorithms", "models", "tasks", "controller"),  # pure torch; models; tasks; controller knows no model
-    ("engines", "dataflows"),  # training and rollout engines; declared algorithms and their dataflows
+    ("engines", "dataflows", "agents"),  # training and rollout engines; declared algorithms and their dataflows; tools,
+    # environments and the multi-turn loop over any generate function
     ("hybrid",),  # the 3D-HybridEngine
     ("workers",),  # the roles
     ("placement",),  # plans, the auto-mapping search, the simulator

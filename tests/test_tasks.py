@@ -35,6 +35,7 @@ from hybridflow_lab.tasks import (
     split_examples,
     worked_examples,
 )
+from hybridflow_lab.tasks.calculator import CalculatorTask
 from hybridflow_lab.tasks.countdown import BadExpression, parse_prompt, solve
 
 DATA = Path(__file__).parent / "data"
@@ -212,12 +213,13 @@ def test_countdown_rejects_bad_settings(kwargs):
 # ---- registry and tokenizer characters ----
 
 def test_registry():
-    assert set(TASKS) == {"arithmetic", "countdown", "sorting", "word_problems"}
+    assert set(TASKS) == {"arithmetic", "calculator", "countdown", "sorting", "word_problems"}
     assert make_task("arithmetic", operators="+-") == ArithmeticTask(operators="+-")
     assert make_task("sorting", length=3) == SortingTask(length=3)
     assert make_task("countdown", numbers=4) == CountdownTask(numbers=4)
     assert make_task("word_problems", operations=3) == WordProblemTask(operations=3)
-    with pytest.raises(ValueError, match="known tasks: arithmetic, countdown, sorting, word_problems"):
+    assert make_task("calculator", digits=2) == CalculatorTask(digits=2)
+    with pytest.raises(ValueError, match="known tasks: arithmetic, calculator, countdown, sorting, word_problems"):
         make_task("chess")
 
 

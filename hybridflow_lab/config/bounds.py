@@ -73,6 +73,10 @@ BOUNDS = (
     Bound("rollout.max_staleness", ">= 0", _at_least(0), "use 0 (on-policy), or 1 to generate the next step's "
           "rollouts while this step trains"),
     Bound("rollout.ranks", ">= 1", _at_least(1), "use e.g. 1"),
+    Bound("agent.max_turns", ">= 1", _at_least(1), "use 1 for single-turn answers, e.g. 4 for a few tool calls"),
+    Bound("agent.max_tokens", ">= 1", _at_least(1), "it bounds each trajectory after its prompt; use e.g. 128"),
+    Bound("agent.tool_timeout_s", "> 0", _positive, "use e.g. 10"),
+    Bound("agent.max_result_chars", ">= 1", _at_least(1), "use e.g. 2000"),
     Bound("algorithm.rollout_is_cap", ">= 1", _at_least(1), "use e.g. 2.0 (weights above it are capped)"),
     Bound("algorithm.rollout_mask_low", "in (0, 1]", _fraction, "use e.g. 0.5"),
     Bound("algorithm.rollout_mask_high", ">= 1", _at_least(1), "use e.g. 2.0"),
@@ -125,6 +129,9 @@ CHOICE_FIXES = {  # what each choice means, for the error naming a value outside
                               "pi_rollout leaves [rollout_mask_low, rollout_mask_high]",
     "trainer.on_nonfinite": "a NaN/inf loss or gradient norm either stops the run or drops that optimizer step; "
                             "nothing is applied either way",
+    "agent.call_format": "plain writes a call as [name arg1, arg2] (the bundled tiny models); hermes as "
+                         "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> (Qwen's and Hermes' chat "
+                         "templates)",
     "task.reward_on_error": "a row the reward function cannot score either stops the step, showing the row, or "
                             "scores 0 and is counted",
 }

@@ -232,10 +232,10 @@ class AlgorithmConfig:
 class TaskConfig:
     """Where prompts and rewards come from: a bundled task, or a GSM8K-format file."""
 
-    name: str = "arithmetic"  # a bundled task (arithmetic, countdown, sorting, word_problems), or "gsm8k"
-    digits: int = 2  # arithmetic: digits per operand; countdown: digits per number
+    name: str = "arithmetic"  # a bundled task (arithmetic, calculator, countdown, sorting, word_problems), or "gsm8k"
+    digits: int = 2  # arithmetic, calculator: digits per operand; countdown: digits per number
     operators: str = "+"  # arithmetic: drawn per prompt; countdown: those a puzzle's solution may use
-    partial_credit: str = "format"  # arithmetic, sorting: "format" (well-formed answers) or "digits" (per digit)
+    partial_credit: str = "format"  # arithmetic, calculator, sorting: "format" (well-formed answers) or "digits"
     length: int = 4  # sorting: characters per prompt; countdown: numbers per puzzle
     operations: int = 2  # word_problems: at most this many steps per story (1-3)
     max_value: int = 20  # word_problems: the largest starting count and step amount
@@ -249,6 +249,18 @@ class TaskConfig:
     cost: str = ""  # safe_rlhf: a rule cost ("digit_cost")
     reward_on_error: Literal["fail", "zero"] = "fail"  # a reward function raising or returning NaN/inf (zero: counted)
     reward_timeout_s: float = 0.0  # > 0: rule rewards run in a child process, killed after this many seconds
+
+
+@dataclass
+class AgentConfig:
+    """Multi-turn rollouts, for a task with tools (e.g. ``calculator``): docs/agents.md."""
+
+    call_format: Literal["plain", "hermes"] = "plain"  # how calls are written: [name args] or <tool_call>{json}
+    max_turns: int = 4  # policy turns per trajectory
+    max_tokens: int = 128  # tokens after the prompt: the policy's turns and the observations between them
+    tool_timeout_s: float = 10.0  # a call with no result by then is a timeout (an error observation)
+    max_result_chars: int = 2000  # a longer tool result is cut, saying so
+    end_on_error: bool = False  # a tool error, timeout or malformed call ends the trajectory with reward 0
 
 
 @dataclass
@@ -291,6 +303,7 @@ class LabConfig:
     batch: BatchConfig = field(default_factory=BatchConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def model_source(self, role: str) -> tuple[str, str]:

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hybridflow_lab.agents import CALL_FORMATS
 from hybridflow_lab.config.presets import resolve_config
 from hybridflow_lab.controller import init_cluster
 from hybridflow_lab.models import create_model_dir
@@ -45,14 +46,16 @@ DEMO_TASKS = {
     "sorting": DemoTask("sorting 8 digits", "sorting_grpo", 300, 3e-3, 0.35),
     "countdown": DemoTask("Countdown with 3 one-digit numbers", "countdown_grpo", 600, 3e-3, 0.45),
     "arithmetic": DemoTask("2-digit addition", "arithmetic_grpo", 700, 3e-3),
+    "calculator": DemoTask("3-digit multiplication with a calculator tool", "calculator_grpo", 60, 3e-3),
 }
 
 
 def warm_start(root: Path, demo: DemoTask, seed: int, max_steps: int | None = None) -> dict[str, float]:
     """A tiny model initialised with ``seed`` and fine-tuned on ``demo``'s demonstrations into ``root / "sft"``."""
     base = create_model_dir(root / "base", "tiny", "qwen2", seed=seed)
+    call_format = CALL_FORMATS[resolve_config(demo.preset).agent.call_format]
     return sft(base, demo.task, root / "sft", steps=demo.sft_steps if max_steps is None else max_steps,
-               batch_size=64, lr=demo.sft_lr, seed=seed, target_loss=demo.sft_target_loss)
+               batch_size=64, lr=demo.sft_lr, seed=seed, target_loss=demo.sft_target_loss, call_format=call_format)
 
 
 def quiet_ray() -> None:

@@ -19,6 +19,7 @@ class SamplingParams:
     greedy: bool = False
     n: int = 1
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)  # besides the tokenizer's EOS
+    stop: tuple[str, ...] = ()  # text that ends a response, kept in it (an agent's end of a tool call)
     ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
     forced_lengths: tuple[int, ...] = ()  # benchmarks: row i ends with EOS after forced_lengths[i % len] tokens
     seed: int | None = None

@@ -13,8 +13,10 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from hybridflow_lab.engines.sampling import SamplingParams, force_lengths, sample_next
+from hybridflow_lab.engines.stop_strings import StopStrings
 from hybridflow_lab.models.decode_step import compiled_decode_step, decode_step
 from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.models.kv_cache import KVCache
@@ -46,8 +48,10 @@ def generate(
     eos_token_id: int | None,
     pad_token_id: int,
     decoding: str = "eager",
+    stop: StopStrings | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Sample ``params.n`` responses per left-padded prompt.
+    """Sample ``params.n`` responses per left-padded prompt; a response also ends at the token that completes one of
+    ``stop``'s strings (``params.stop``, detected with the tokenizer).
 
     Returns ``responses`` and ``response_mask`` (``[batch * n, max_new_tokens]``, 1 up to and
     including the stop token), ``log_probs`` of the sampled tokens under the distribution they
@@ -90,6 +94,8 @@ def generate(
             responses[live, step] = tokens
             log_probs[live, step] = token_log_probs
             done = torch.isin(tokens, stops)
+            if stop is not None:
+                done |= stop.completed(responses[live, : step + 1], tokens)
             if bool(done.any()):
                 lengths[live[done]] = step + 1
                 keep = (~done).nonzero().squeeze(-1)
@@ -138,23 +144,38 @@ class TorchRollout:
     decoding steps run (``decoder``; ``rollout.decoding``)."""
 
     def __init__(self, model: DecoderLM, params: SamplingParams, eos_token_id: int | None, pad_token_id: int,
-                 precision: Callable[[], AbstractContextManager[Any]] = nullcontext, decoding: str = "eager") -> None:
+                 precision: Callable[[], AbstractContextManager[Any]] = nullcontext, decoding: str = "eager",
+                 tokenizer: PreTrainedTokenizerBase | None = None) -> None:
         self.model = model
+        self.tokenizer = tokenizer  # for stop strings
         self.decoding = decoding
         self.params = params
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.precision = precision
+        self._stops: dict[tuple[str, ...], StopStrings] = {}
+
+    def stop_strings(self, strings: tuple[str, ...]) -> StopStrings | None:
+        """The detector of ``strings`` (built once per set), or None for none."""
+        if not strings:
+            return None
+        if self.tokenizer is None:
+            raise ValueError("stop strings need the tokenizer: build TorchRollout with tokenizer=")
+        if strings not in self._stops:
+            self._stops[strings] = StopStrings(self.tokenizer, strings)
+        return self._stops[strings]
 
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                  params: SamplingParams | None = None) -> dict[str, torch.Tensor]:
         """Responses for left-padded prompts, in the layout ``sequences_batch`` describes."""
+        params = params or self.params
+        stop = self.stop_strings(params.stop)
         was_training = self.model.training
         self.model.eval()
         try:
             with self.precision():
-                out = generate(self.model, prompt_ids, prompt_mask, params or self.params, self.eos_token_id,
-                               self.pad_token_id, self.decoding)
+                out = generate(self.model, prompt_ids, prompt_mask, params, self.eos_token_id, self.pad_token_id,
+                               self.decoding, stop)
         finally:
             self.model.train(was_training)
         return sequences_batch(out, self.pad_token_id)

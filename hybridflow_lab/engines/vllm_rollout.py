@@ -20,16 +20,18 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from hybridflow_lab.engines.sampling import SamplingParams
+from hybridflow_lab.engines.stop_strings import single_token_stops
 from hybridflow_lab.engines.torch_rollout import sequences_batch
 from hybridflow_lab.engines.vllm_fingerprints import engine_fingerprints
 from hybridflow_lab.engines.vllm_moe import repack_cpu_experts
 from hybridflow_lab.engines.weight_fingerprint import check_fingerprints, tensor_fingerprint
+from hybridflow_lab.models.tokenizers import load_tokenizer
 
 # The weights iterator handed to reload_weights must reach the engine in this process: an engine core
 # in a separate process (vLLM's default) receives raw tensors as lists and dies.
@@ -193,6 +195,7 @@ class VllmRollout:
 
         check_reload_signature()
         self.params, self.eos_token_id, self.pad_token_id = params, eos_token_id, pad_token_id
+        self.model_path = model_path
         self.settings = settings
         start = time.perf_counter()
         self.llm = LLM(**engine_arguments(model_path, settings, self.on_cuda))
@@ -281,6 +284,9 @@ class VllmRollout:
         self.wake_up(*WAKE_TAGS)
         self.transitions.append("generate")
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in unpadded_prompts(prompt_ids, prompt_mask)]
+        if params.stop:  # the engine has no tokenizer: each stop string as its one token
+            params = replace(params, stop=(), stop_token_ids=(*params.stop_token_ids, *single_token_stops(
+                load_tokenizer(self.model_path), params.stop)))
         outputs = self.llm.generate(prompts, VllmSamplingParams(**vllm_sampling_kwargs(params, self.eos_token_id)),
                                     use_tqdm=False)
         self.sleep()  # training gets the memory back until the next generation

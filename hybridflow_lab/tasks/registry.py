@@ -6,12 +6,14 @@ from collections.abc import Callable
 
 from hybridflow_lab.tasks.arithmetic import ArithmeticTask
 from hybridflow_lab.tasks.base import Task
+from hybridflow_lab.tasks.calculator import CalculatorTask
 from hybridflow_lab.tasks.countdown import CountdownTask
 from hybridflow_lab.tasks.sorting import SortingTask
 from hybridflow_lab.tasks.word_problems import WordProblemTask
 
-TASKS: dict[str, Callable[..., Task]] = {"arithmetic": ArithmeticTask, "countdown": CountdownTask,
-                                         "sorting": SortingTask, "word_problems": WordProblemTask}
+TASKS: dict[str, Callable[..., Task]] = {"arithmetic": ArithmeticTask, "calculator": CalculatorTask,
+                                         "countdown": CountdownTask, "sorting": SortingTask,
+                                         "word_problems": WordProblemTask}
 
 
 def make_task(name: str, **kwargs: object) -> Task:

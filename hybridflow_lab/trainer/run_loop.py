@@ -8,6 +8,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hybridflow_lab.config import LabConfig, to_dict
 from hybridflow_lab.dataflows import Metrics
 from hybridflow_lab.dataflows.pending import resolve
@@ -80,8 +82,13 @@ class RunLoop:
         held-out ones); the responses and their scores stay in ``last_eval``."""
         examples = examples if examples is not None else stages.task.eval_examples
         with stages.timed(Stage.EVALUATE):
-            out = stages.group("actor").generate_sequences(stages.prompts.encode(examples), greedy=True, n=1, seed=0)
-            scores = rule_scores(out, stages.task.reward, stages.reward_guard)["scores"]
+            prompts, actor = stages.prompts.encode(examples), stages.group("actor")
+            if stages.task.agent is not None:  # whole episodes, scored by their environments
+                out, _ = stages.episodes(actor, prompts, 1, greedy=True, seed=0)
+                scores = torch.tensor([sum(rewards) for rewards in out["turn_rewards"]], dtype=torch.float32)
+            else:
+                out = actor.generate_sequences(prompts, greedy=True, n=1, seed=0)
+                scores = rule_scores(out, stages.task.reward, stages.reward_guard)["scores"]
         self.last_eval = out.union(DataBatch({"scores": scores}))
         return {"eval/accuracy": accuracy(scores), "eval/score": float(scores.mean()),
                 "eval/response_length": float(out["response_mask"].sum(-1).float().mean())}

@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from hybridflow_lab.agents import ObservationRenderer, Trajectory, Turn, trajectories_batch
+from hybridflow_lab.agents.call_formats import CALL_FORMATS, CallFormat
 from hybridflow_lab.config import OptimConfig
 from hybridflow_lab.engines.forward import count_response_tokens, response_nll
 from hybridflow_lab.engines.torch_engine import TorchEngine
@@ -18,11 +20,16 @@ from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.tasks import Example, PromptSource, Task
 from hybridflow_lab.tasks.prompts import RAW, PromptFormat, encode_prompts, has_chat_template
 
+PLAIN = CALL_FORMATS["plain"]
+
 
 def demonstration_batch(tokenizer: PreTrainedTokenizerBase, task: Task, examples: list[Example],
-                        prompt_format: PromptFormat = RAW) -> DataBatch:
+                        prompt_format: PromptFormat = RAW, call_format: CallFormat = PLAIN) -> DataBatch:
     """Prompts rendered by ``prompt_format`` and left-padded, demonstrations + EOS (a chat model's end of turn)
-    right-padded, in the layout training reads."""
+    right-padded, in the layout training reads. A task with tools demonstrates whole exchanges (``episode``): the
+    tool's answers, in ``call_format``, are context the loss does not train on."""
+    if hasattr(task, "episode"):
+        return episode_batch(tokenizer, task, examples, prompt_format, call_format)
     prompts = encode_prompts(tokenizer, [e.prompt for e in examples], max_tokens=10_000, prompt_format=prompt_format)
     targets = [tokenizer(task.demonstration(e), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
                for e in examples]
@@ -37,12 +44,34 @@ def demonstration_batch(tokenizer: PreTrainedTokenizerBase, task: Task, examples
     return DataBatch(sequences_batch(out, tokenizer.pad_token_id))
 
 
+def episode_batch(tokenizer: PreTrainedTokenizerBase, task: Task, examples: list[Example],
+                  prompt_format: PromptFormat, call_format: CallFormat) -> DataBatch:
+    """``task.episode(example)`` of each example as a trajectory: the policy's turns trained on (the last one
+    ending with EOS), the tool's answers between them rendered as a rollout renders them."""
+    renderer = ObservationRenderer(tokenizer, call_format, prompt_format.chat)
+    trajectories = []
+    for example in examples:
+        prompt = prompt_format.render(tokenizer, [example.prompt])[0]
+        trajectory = Trajectory(example, None, tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        for text, answer in task.episode(example):
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if answer is None
+                                                                           else [])
+            turn = Turn(ids, [0.0] * len(ids), text)
+            if answer is not None:
+                turn.observation_text = renderer.text(answer, "tool")
+                turn.observation_ids = renderer.encode(turn.observation_text)
+            trajectory.turns.append(turn)
+        trajectories.append(trajectory)
+    tensors, _ = trajectories_batch(trajectories, tokenizer.pad_token_id)
+    return DataBatch(tensors)
+
+
 LOSS_WINDOW = 10  # steps the final loss (and the early stop) averages over
 
 
 def sft(model_dir: str | os.PathLike[str], task: Task, out_dir: str | os.PathLike[str], steps: int = 200,
         batch_size: int = 64, lr: float = 1e-3, seed: int = 0, target_loss: float = 0.0,
-        prompt_format: PromptFormat | None = None) -> dict[str, float]:
+        prompt_format: PromptFormat | None = None, call_format: CallFormat = PLAIN) -> dict[str, float]:
     """Train on at most ``steps`` batches of fresh demonstrations, stopping early once the mean loss of the last
     ``LOSS_WINDOW`` steps is at most ``target_loss`` (> 0); save the model (and tokenizer) to ``out_dir``.
 
@@ -63,7 +92,7 @@ def sft(model_dir: str | os.PathLike[str], task: Task, out_dir: str | os.PathLik
     losses: list[float] = []
     while len(losses) < steps and not (target_loss > 0 and len(losses) >= LOSS_WINDOW
                                        and _recent_loss(losses) <= target_loss):
-        batch = demonstration_batch(tokenizer, task, source.next_batch(batch_size), prompt_format)
+        batch = demonstration_batch(tokenizer, task, source.next_batch(batch_size), prompt_format, call_format)
         losses.append(engine.train_step([batch], response_nll, count_response_tokens)["loss"])
     save_model_dir(model, Path(out_dir), tokenizer)
     return {"sft/first_loss": losses[0], "sft/final_loss": _recent_loss(losses), "sft/steps": len(losses)}

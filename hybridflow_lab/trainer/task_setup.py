@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from hybridflow_lab.agents import CALL_FORMATS, AgentLimits, ToolEnvironment, ToolPolicy
+from hybridflow_lab.agents.tools import tool_table
 from hybridflow_lab.algorithms.dapo import overlong_penalty
 from hybridflow_lab.config import ConfigError, LabConfig
 from hybridflow_lab.config.schema import TaskConfig
@@ -28,6 +30,7 @@ from hybridflow_lab.tasks import (
     worked_examples,
 )
 from hybridflow_lab.tasks.prompts import PromptFormat, has_chat_template, token_counts
+from hybridflow_lab.trainer.agent_rollout import AgentSetup
 
 RuleFn = Callable[[str, str, str], float]
 COSTS: dict[str, RuleFn] = {"digit_cost": digit_cost}
@@ -47,6 +50,7 @@ class TaskSetup:
     task: Task | None = None  # a bundled task (for demonstrations); None for a dataset
     cost: RuleFn | None = None
     shaping: Callable[[torch.Tensor], torch.Tensor] = field(default=lambda lengths: torch.zeros(len(lengths)))
+    agent: AgentSetup | None = None  # multi-turn rollouts: a task with tools
 
 
 # the task config keys each bundled task takes, and the one that sets its prompts' length
@@ -54,11 +58,12 @@ TASK_SETTINGS: dict[str, Callable[[TaskConfig], dict[str, Any]]] = {
     "arithmetic": lambda c: {"digits": c.digits, "operators": c.operators, "partial_credit": c.partial_credit},
     "countdown": lambda c: {"numbers": c.length, "digits": c.digits, "operators": c.operators},
     "sorting": lambda c: {"length": c.length, "partial_credit": c.partial_credit},
+    "calculator": lambda c: {"digits": c.digits, "partial_credit": c.partial_credit},
     "word_problems": lambda c: {"operations": c.operations, "max_value": c.max_value,
                                 "unformatted_credit": c.unformatted_credit, "format_credit": c.format_credit},
 }
-PROMPT_LENGTH_SETTING = {"arithmetic": "task.digits", "countdown": "task.length", "sorting": "task.length",
-                         "word_problems": "task.operations"}
+PROMPT_LENGTH_SETTING = {"arithmetic": "task.digits", "calculator": "task.digits", "countdown": "task.length",
+                         "sorting": "task.length", "word_problems": "task.operations"}
 
 
 def build_task(config: LabConfig) -> TaskSetup:
@@ -134,7 +139,21 @@ def _bundled_setup(config: LabConfig, tokenizer: PreTrainedTokenizerBase, cost: 
     _check_prompt_lengths(config, tokenizer, prompt_format,
                           [(f"the {task_config.name} task's held-out prompt {e.prompt!r}", e.prompt)
                            for e in evaluation], f"or lower {length_setting}")
-    return TaskSetup(PromptSource(task, seed), task.reward, evaluation, prompt_format, task, cost)
+    return TaskSetup(PromptSource(task, seed), task.reward, evaluation, prompt_format, task, cost,
+                     agent=tool_agent(config, task.tools, task.reward) if getattr(task, "tools", ()) else None)
+
+
+def tool_agent(config: LabConfig, tools: Sequence[Any], reward: RuleFn) -> AgentSetup:
+    """Multi-turn rollouts calling ``tools`` in ``agent.call_format``, the final answer scored by ``reward``."""
+    agent = config.agent
+    call_format = CALL_FORMATS[agent.call_format]
+    policy = ToolPolicy(agent.tool_timeout_s, agent.max_result_chars, agent.end_on_error)
+    try:
+        table = tool_table(tools)
+    except ValueError as exc:
+        raise ConfigError("task.name", str(exc)) from None
+    return AgentSetup(lambda: ToolEnvironment(table.values(), call_format, reward, policy), call_format,
+                      AgentLimits(agent.max_turns, agent.max_tokens, config.rollout.max_new_tokens))
 
 
 def _check_prompt_lengths(config: LabConfig, tokenizer: PreTrainedTokenizerBase, prompt_format: PromptFormat,

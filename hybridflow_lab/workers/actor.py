@@ -111,7 +111,7 @@ class ActorWorker(TrainedRole):
             self.hybrid = self._hybrid_engine(None)
             assert self.hybrid.model is not None
             self.rollout = TorchRollout(self.hybrid.model, params, eos, pad, self.engine.precision,
-                                        config.rollout.decoding)
+                                        config.rollout.decoding, self.tokenizer)
         if state is not None:
             self.weights_loaded()  # the rollout engine loaded the model path's weights
 
@@ -141,8 +141,10 @@ class ActorWorker(TrainedRole):
 
     @register(Dispatch.MESH("generate"))
     def generate_sequences(self, prompts: DataBatch, greedy: bool = False, n: int | None = None,
-                           seed: int | None = None) -> DataBatch:
-        """``samples_per_prompt`` responses per left-padded prompt (``input_ids``, ``attention_mask``).
+                           seed: int | None = None, stop: frozenset[str] = frozenset(),
+                           max_new_tokens: int | None = None) -> DataBatch:
+        """``samples_per_prompt`` responses per left-padded prompt (``input_ids``, ``attention_mask``), each ending
+        at EOS, at one of the ``stop`` strings (kept) or after ``max_new_tokens`` (``rollout.max_new_tokens``).
 
         Runs on the generation layout: prompts are split over the generation replicas, the ranks
         of one generation TP group sample the same tokens. Returns the sequence layout for
@@ -151,7 +153,9 @@ class ActorWorker(TrainedRole):
         """
         replica = self.mesh_coords("generate")["dp"]
         params = sampling_params(self.config, greedy=greedy, n=n or self.config.batch.samples_per_prompt,
-                                 seed=None if seed is None else derive_seed(seed, "replica", replica))
+                                 seed=None if seed is None else derive_seed(seed, "replica", replica),
+                                 stop=tuple(sorted(stop)),
+                                 max_new_tokens=max_new_tokens or self.config.rollout.max_new_tokens)
         with self.hybrid.generating(), self.span("generate", prompts=len(prompts)) as attrs:
             return responses_batch(self.rollout, self.tokenizer, prompts, params, attrs)
 

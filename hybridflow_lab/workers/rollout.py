@@ -47,16 +47,20 @@ class RolloutWorker(Worker):
             self.engine = VllmRollout(path, params, eos, pad, vllm_settings(config, self.rank, sleeps=False))
         else:
             self.model = load_causal_lm(path, impl=config.actor.model_impl).to(self.device)
-            self.engine = TorchRollout(self.model, params, eos, pad, decoding=config.rollout.decoding)
+            self.engine = TorchRollout(self.model, params, eos, pad, decoding=config.rollout.decoding,
+                                       tokenizer=self.tokenizer)
         self.version = 0
 
     @register(Dispatch.DP_COMPUTE)
     def generate_sequences(self, prompts: DataBatch, greedy: bool = False, n: int | None = None,
-                           seed: int | None = None) -> DataBatch:
+                           seed: int | None = None, stop: frozenset[str] = frozenset(),
+                           max_new_tokens: int | None = None) -> DataBatch:
         """``samples_per_prompt`` responses per prompt (this rank's share), like the actor's, plus the
         ``policy_version`` of the weights that generated them."""
         params = sampling_params(self.config, greedy=greedy, n=n or self.config.batch.samples_per_prompt,
-                                 seed=None if seed is None else derive_seed(seed, "replica", self.rank))
+                                 seed=None if seed is None else derive_seed(seed, "replica", self.rank),
+                                 stop=tuple(sorted(stop)),
+                                 max_new_tokens=max_new_tokens or self.config.rollout.max_new_tokens)
         with self.span("generate", prompts=len(prompts), policy_version=self.version) as attrs:
             batch = responses_batch(self.engine, self.tokenizer, prompts, params, attrs)
         batch["policy_version"] = np.full(len(batch), self.version, dtype=np.int64)

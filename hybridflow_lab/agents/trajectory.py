@@ -1,0 +1,112 @@
+"""Token-in/token-out trajectories: the ids the policy sampled and the ids of each observation, concatenated.
+
+Text is decoded for display and for the environment, never re-encoded to build the training input. In the batch
+a trajectory is the ``responses`` after its prompt: ``response_mask`` covers the policy's own tokens only (the
+loss trains on those), ``attention_mask`` every real token (observations are context), and the rollout's
+log-probs exist for the policy's tokens only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow_lab.agents.environment import Environment, Role
+from hybridflow_lab.tasks.base import Example
+
+ENDINGS = ("answer", "turns", "tokens", "error")  # why a trajectory ended: metrics count each
+
+
+@dataclass
+class Turn:
+    """One policy turn (its sampled ids, their log-probs, its text) and what answered it."""
+
+    ids: list[int]
+    log_probs: list[float]
+    text: str
+    reward: float = 0.0
+    observation: str | None = None
+    role: Role = "tool"
+    observation_ids: list[int] = field(default_factory=list)
+    observation_text: str = ""  # as rendered (the chat template's turn markers included)
+    counts: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    """One episode of ``env`` on ``example``: its prompt ids, its turns, and why it ended."""
+
+    example: Example
+    env: Environment
+    prompt_ids: list[int]
+    turns: list[Turn] = field(default_factory=list)
+    ended: str | None = None
+
+    @property
+    def length(self) -> int:
+        """Tokens after the prompt: the policy's and the observations'."""
+        return sum(len(t.ids) + len(t.observation_ids) for t in self.turns)
+
+    def context(self) -> list[int]:
+        """What the policy reads next: the prompt, then every turn and observation."""
+        ids = list(self.prompt_ids)
+        for turn in self.turns:
+            ids += turn.ids + turn.observation_ids
+        return ids
+
+    @property
+    def score(self) -> float:
+        return sum(turn.reward for turn in self.turns)
+
+    def segments(self) -> list[tuple[str, str]]:
+        """``(kind, text)`` in order: ``policy`` turns and ``tool`` / ``user`` observations (for display)."""
+        out = []
+        for turn in self.turns:
+            out.append(("policy", turn.text))
+            if turn.observation_ids:
+                out.append((turn.role, turn.observation_text))
+        return out
+
+
+def trajectories_batch(trajectories: list[Trajectory], pad_token_id: int) -> tuple[dict[str, torch.Tensor],
+                                                                                   dict[str, Any]]:
+    """The training layout of ``trajectories`` (``prompts | responses`` with the masks above) and their per-row
+    columns: ``response_text`` (the whole trajectory as the policy read it), ``answer_text`` (the last turn),
+    ``turns``, ``turn_rewards``, ``tool_calls`` and ``ended``."""
+    rows, width = len(trajectories), max(1, max(t.length for t in trajectories))
+    prompt_width = max(len(t.prompt_ids) for t in trajectories)
+    prompts = torch.full((rows, prompt_width), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros(rows, prompt_width, dtype=torch.long)
+    responses = torch.full((rows, width), pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros(rows, width, dtype=torch.long)
+    trajectory_mask = torch.zeros(rows, width, dtype=torch.long)
+    log_probs = torch.zeros(rows, width)
+    for row, trajectory in enumerate(trajectories):
+        prompts[row, prompt_width - len(trajectory.prompt_ids):] = torch.tensor(trajectory.prompt_ids)
+        prompt_mask[row, prompt_width - len(trajectory.prompt_ids):] = 1
+        at = 0
+        for turn in trajectory.turns:
+            for ids, policy in ((turn.ids, True), (turn.observation_ids, False)):
+                responses[row, at: at + len(ids)] = torch.tensor(ids, dtype=torch.long)
+                trajectory_mask[row, at: at + len(ids)] = 1
+                if policy:
+                    response_mask[row, at: at + len(ids)] = 1
+                    log_probs[row, at: at + len(ids)] = torch.tensor(turn.log_probs)
+                at += len(ids)
+    attention_mask = torch.cat([prompt_mask, trajectory_mask], dim=1)
+    tensors = {"prompts": prompts, "responses": responses, "response_mask": response_mask,
+               "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask,
+               "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0), "rollout_log_probs": log_probs}
+    columns = {
+        "response_text": ["".join(text for _, text in t.segments()) for t in trajectories],
+        "answer_text": [t.turns[-1].text if t.turns else "" for t in trajectories],
+        "turns": np.array([len(t.turns) for t in trajectories]),
+        "turn_rewards": [[turn.reward for turn in t.turns] for t in trajectories],
+        "tool_calls": np.array([sum(turn.counts.get("call_attempts", 0) for turn in t.turns) for t in trajectories]),
+        "ended": [t.ended or "turns" for t in trajectories],
+        "segments": [t.segments() for t in trajectories],
+    }
+    return tensors, columns

@@ -1,0 +1,296 @@
+"""Agentic rollouts: tools from typed functions, call formats, the environment's error policy, token-in/token-out
+trajectories and their masks, and the multi-turn loop's endings."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from hybridflow_lab.agents import (
+    CALL_FORMATS,
+    AgentLimits,
+    MalformedCall,
+    ObservationRenderer,
+    StepResult,
+    ToolEnvironment,
+    ToolPolicy,
+    as_tool,
+    run_episodes,
+    trajectories_batch,
+)
+from hybridflow_lab.algorithms.masked import token_level
+from hybridflow_lab.engines.stop_strings import StopStrings
+from hybridflow_lab.models.tokenizers import char_tokenizer, train_bpe_tokenizer
+from hybridflow_lab.tasks.base import Example
+from hybridflow_lab.tasks.calculator import CalculatorTask, calc
+
+PLAIN, HERMES = CALL_FORMATS["plain"], CALL_FORMATS["hermes"]
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: the first factor
+        b: the second factor
+    """
+    return a * b
+
+
+def test_a_tools_schema_comes_from_its_signature_and_docstring_and_a_bare_function_is_refused():
+    tool = as_tool(multiply)
+    assert tool.schema == {"type": "function", "function": {
+        "name": "multiply", "description": "Multiply two integers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer", "description": "the first factor"},
+                                                        "b": {"type": "integer", "description": "the second factor"}},
+                       "required": ["a", "b"]}, "return": {"type": "integer"}}}
+    assert tool(["12", "3"]) == 36 and tool({"a": 2, "b": 5}) == 10  # plain calls' text converted by the schema
+
+    def bare(x: int) -> int:
+        return x
+
+    with pytest.raises(ValueError, match=r"tool 'bare'.*an 'Args:' section with one 'name: description' line"):
+        as_tool(bare)
+
+
+def test_call_formats_read_hermes_json_and_plain_calls_and_name_what_is_malformed():
+    text = 'I will multiply.<tool_call>\n{"name": "multiply", "arguments": {"a": 3, "b": 4}}\n</tool_call>'
+    [call] = HERMES.calls(text)
+    assert (call.name, call.arguments) == ("multiply", {"a": 3, "b": 4})
+    assert HERMES.calls("the answer is 12") == []
+    with pytest.raises(MalformedCall, match="not JSON"):
+        HERMES.calls("<tool_call>{name: multiply}</tool_call>")
+    with pytest.raises(MalformedCall, match="not closed"):
+        HERMES.calls('<tool_call>{"name": "multiply"')
+    [call] = PLAIN.calls("[calc 123*456]")
+    assert (call.name, call.arguments) == ("calc", ["123*456"])
+    assert PLAIN.calls("[multiply 3, 4]")[0].arguments == ["3", "4"]
+    with pytest.raises(MalformedCall, match=r"\[name arg1, arg2\]"):
+        PLAIN.calls("[12*3")
+
+
+def test_tool_errors_timeouts_non_text_and_huge_results_become_counted_observations_or_end_the_trajectory():
+    def slow(seconds: float) -> str:
+        """Sleep.
+
+        Args:
+            seconds: how long
+        """
+        time.sleep(seconds)
+        return "woke"
+
+    def broken(x: int) -> str:
+        """Fail.
+
+        Args:
+            x: ignored
+        """
+        raise RuntimeError("disk full")
+
+    def table(n: int) -> object:
+        """Return something that is not text.
+
+        Args:
+            n: rows
+        """
+        return {"rows": n}
+
+    def long(n: int) -> str:
+        """Return n characters.
+
+        Args:
+            n: how many
+        """
+        return "x" * n
+
+    env = ToolEnvironment([slow, broken, table, long, calc], PLAIN, CalculatorTask().reward,
+                          ToolPolicy(timeout_s=0.2, max_result_chars=10))
+    env.reset(Example("2*3=", "6", "calculator"))
+    outcomes = {text: env.step(text) for text in
+                ("[slow 5]", "[broken 1]", "[table 2]", "[long 25]", "[nope 1]", "[calc 2*", "[calc 2*3]", "6")}
+    assert outcomes["[slow 5]"].observation == "error: slow timed out after 0.2 s"
+    assert outcomes["[slow 5]"].counts["tool_timeouts"] == 1
+    assert outcomes["[broken 1]"].observation == "error: broken failed: RuntimeError: disk full"
+    assert outcomes["[table 2]"].observation == "error: table returned a dict, not text"
+    assert outcomes["[long 25]"].observation == "xxxxxxxxxx... [15 more characters cut]"
+    assert outcomes["[nope 1]"].observation.startswith("error: no tool named 'nope'; tools: slow, broken")
+    assert outcomes["[calc 2*"].counts == {"call_attempts": 1.0, "malformed_calls": 1.0}
+    assert outcomes["[calc 2*3]"].observation == "6" and outcomes["[calc 2*3]"].counts["call_ok"] == 1
+    assert not any(o.done for text, o in outcomes.items() if text != "6")
+    assert outcomes["6"] == StepResult(reward=1.0, done=True)  # no call: the final answer, scored by the task
+    strict = ToolEnvironment([broken], PLAIN, CalculatorTask().reward, ToolPolicy(end_on_error=True))
+    strict.reset(Example("2*3=", "6", "calculator"))
+    assert strict.step("[broken 1]") == StepResult(reward=0.0, done=True, counts={"call_attempts": 1.0,
+                                                                                    "tool_calls": 1.0,
+                                                                                    "tool_s": pytest.approx(0, abs=1),
+                                                                                    "tool_errors": 1.0})
+
+
+class Scripted:
+    """A policy whose turns are given token ids: ``turns[i]`` for every trajectory's i-th turn."""
+
+    def __init__(self, turns: list[list[int]]) -> None:
+        self.turns, self.contexts = turns, []
+
+    def __call__(self, contexts: list[list[int]], max_new_tokens: int, turn: int) -> list[tuple[list[int],
+                                                                                           list[float]]]:
+        self.contexts.append(contexts)
+        ids = self.turns[turn]
+        return [(ids, [-0.25 - i for i in range(len(ids))]) for _ in contexts]
+
+
+class Echo:
+    """Answers each turn with ``reply`` until the turn holds ``done``; rewards the final turn 1."""
+
+    def __init__(self, reply: str = "b b", done: str = "END") -> None:
+        self.reply, self.done = reply, done
+
+    def reset(self, example: Example) -> str:
+        return example.prompt
+
+    def step(self, action: str) -> StepResult:
+        if self.done in action:
+            return StepResult(reward=1.0, done=True)
+        return StepResult(self.reply, role="user")
+
+
+def test_the_training_tokens_are_the_sampled_tokens_where_decode_then_encode_would_differ():
+    tokenizer = train_bpe_tokenizer(["ab ab  ab abab  b b END"] * 50, vocab_size=300)
+    a, b, space = (tokenizer.convert_tokens_to_ids(t) for t in ("a", "b", "Ġ"))
+    merged = tokenizer("ab  ab", add_special_tokens=False)["input_ids"]
+    policy = [[a, b, space, space, a], tokenizer("END", add_special_tokens=False)["input_ids"]]
+    assert len(merged) < len(policy[0])  # a BPE merge ("ab") and merged whitespace: re-encoding changes the ids
+    renderer = ObservationRenderer(tokenizer, PLAIN, chat=False)
+    [trajectory] = run_episodes(Scripted(policy), [Echo()], [Example("ab", "", "t")],
+                                lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], renderer,
+                                tokenizer.eos_token_id, AgentLimits(max_turns=3, max_tokens=64))
+    observation = tokenizer("\nb b\n", add_special_tokens=False)["input_ids"]
+    tensors, columns = trajectories_batch([trajectory], tokenizer.pad_token_id)
+    row = tensors["responses"][0][tensors["attention_mask"][0, 1:].bool()].tolist()
+    assert row == policy[0] + observation + policy[1]  # token in, token out
+    decoded = tokenizer.decode(row)
+    assert tokenizer(decoded, add_special_tokens=False)["input_ids"] != row  # what re-encoding would have trained on
+    assert columns["response_text"][0] == decoded and columns["ended"] == ["answer"]
+
+
+def test_observation_tokens_are_context_the_loss_never_trains_on_and_have_no_rollout_log_probs():
+    tokenizer = char_tokenizer()
+    ids = [tokenizer.convert_tokens_to_ids(c) for c in "[calc 2*3]"]
+    renderer = ObservationRenderer(tokenizer, PLAIN, chat=False)
+    env = ToolEnvironment([calc], PLAIN, CalculatorTask().reward)
+    answer = [tokenizer.convert_tokens_to_ids("6"), tokenizer.eos_token_id]
+    [trajectory] = run_episodes(Scripted([ids, answer]), [env], [Example("2*3=", "6", "calculator")],
+                                lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], renderer,
+                                tokenizer.eos_token_id, AgentLimits(max_turns=3, max_tokens=64))
+    tensors, columns = trajectories_batch([trajectory], tokenizer.pad_token_id)
+    observed = len(tokenizer(" -> 6\n", add_special_tokens=False)["input_ids"])
+    assert tensors["response_mask"][0].tolist() == [1] * len(ids) + [0] * observed + [1, 1]
+    assert tensors["attention_mask"][0].tolist() == [1] * (4 + len(ids) + observed + 2)
+    assert (tensors["rollout_log_probs"][0, len(ids): len(ids) + observed] == 0).all()
+    assert tensors["rollout_log_probs"][0, -2:].tolist() == [-0.25, -1.25]
+    assert columns["response_text"] == ["[calc 2*3] -> 6\n6"] and columns["answer_text"] == ["6"]
+    assert columns["turn_rewards"] == [[0.0, 1.0]] and columns["tool_calls"].tolist() == [1]
+    scores = token_level(torch.tensor([1.0]), tensors["response_mask"])
+    assert scores[0].nonzero().flatten().tolist() == [len(ids) + observed + 1]  # on the policy's last token
+
+
+def test_trajectories_end_by_answer_turn_budget_token_budget_or_a_raising_environment():
+    tokenizer = char_tokenizer()
+    renderer = ObservationRenderer(tokenizer, PLAIN, chat=False)
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    x = encode("x")
+
+    class Raising(Echo):
+        def step(self, action: str) -> StepResult:
+            raise KeyError("state lost")
+
+    def ended(env, limits, turns=(x, x, x)):
+        [trajectory] = run_episodes(Scripted(list(turns)), [env], [Example("q", "", "t")], encode, renderer,
+                                    tokenizer.eos_token_id, limits)
+        return trajectory
+
+    assert ended(Echo(), AgentLimits(max_turns=2)).ended == "turns"
+    long_reply = ended(Echo(reply="y" * 40), AgentLimits(max_turns=4, max_tokens=30))
+    assert long_reply.ended == "tokens" and long_reply.length <= 30 and len(long_reply.turns) == 1
+    raising = ended(Raising(), AgentLimits())
+    assert raising.ended == "error" and raising.score == 0.0
+    eos = ended(Echo(), AgentLimits(), turns=[[*x, tokenizer.eos_token_id]])
+    assert eos.ended == "answer" and len(eos.turns) == 1  # EOS ends the episode whatever the environment says
+
+
+def test_a_stop_string_is_detected_at_the_token_that_completes_it():
+    tokenizer = char_tokenizer()
+    stop = StopStrings(tokenizer, ("]", "</tool_call>"))
+    for text, completes in (("[calc 1]", True), ("abc</tool_call>", True), ("</tool_cal", False), ("x]y", False)):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert bool(stop.completed(torch.tensor([ids]), torch.tensor(ids[-1:]))[0]) is completes, text
+
+
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_the_trainers_log_probs_of_a_multi_turn_trajectory_equal_the_engines_at_every_policy_token(model_dir,
+                                                                                                 remove_padding):
+    """The built-in engine samples each turn over the whole context (observations included); the training forward
+    over the trajectory batch scores the policy's tokens alike, and nothing at the observations."""
+    from hybridflow_lab.engines.forward import response_log_probs
+    from hybridflow_lab.engines.sampling import SamplingParams
+    from hybridflow_lab.engines.torch_rollout import TorchRollout
+    from hybridflow_lab.models import load_causal_lm
+    from hybridflow_lab.models.tokenizers import load_tokenizer
+    from hybridflow_lab.protocol import DataBatch
+    from hybridflow_lab.trainer.agent_rollout import left_padded
+
+    tokenizer, model = load_tokenizer(model_dir), load_causal_lm(model_dir).eval()
+    engine = TorchRollout(model, SamplingParams(), tokenizer.eos_token_id, tokenizer.pad_token_id,
+                          tokenizer=tokenizer)
+
+    def generate(contexts, max_new_tokens, turn):
+        batch = left_padded(contexts, tokenizer.pad_token_id)
+        out = engine.generate(batch["input_ids"], batch["attention_mask"],
+                              SamplingParams(max_new_tokens=max_new_tokens, stop=("]",), seed=turn))
+        real = out["response_mask"].bool()
+        return [(ids[keep].tolist(), lp[keep].tolist())
+                for ids, keep, lp in zip(out["responses"], real, out["rollout_log_probs"], strict=True)]
+
+    examples = [Example(f"{n}*7=", str(7 * n), "t") for n in (12, 345, 6)]
+    trajectories = run_episodes(generate, [Echo(reply="ok") for _ in examples], examples,
+                                lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+                                ObservationRenderer(tokenizer, PLAIN, chat=False), tokenizer.eos_token_id,
+                                AgentLimits(max_turns=3, max_tokens=40, max_new_tokens=8))
+    tensors, _ = trajectories_batch(trajectories, tokenizer.pad_token_id)
+    assert (tensors["response_mask"] != tensors["attention_mask"][:, -tensors["responses"].shape[1]:]).any()
+    with torch.no_grad():
+        log_probs, _ = response_log_probs(model, DataBatch(tensors), remove_padding=remove_padding)
+    policy = tensors["response_mask"].bool()
+    torch.testing.assert_close(log_probs[policy], tensors["rollout_log_probs"][policy], atol=1e-4, rtol=0)
+    if remove_padding:
+        assert (log_probs[~policy] == 0).all()
+
+
+def test_a_calculator_lab_rolls_out_trajectories_cell_by_cell_and_a_step_counts_turns_calls_and_endings(model_dir,
+                                                                                                       tmp_path):
+    from hybridflow_lab.trainer.lab import Lab
+    from tests.test_lab import local_overrides
+
+    lab = Lab("calculator_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "rollout.max_new_tokens=12",
+                                                           "agent.max_tokens=30", "task.eval_size=4"))
+    try:
+        batch = lab.generate(lab.next_prompts(2))
+        assert len(batch) == 2 * lab.config.batch.samples_per_prompt
+        real = batch["attention_mask"][:, batch["prompts"].shape[1]:].bool()
+        assert (batch["response_mask"].bool() <= real).all()  # the policy's tokens are among the real ones
+        assert all(len(rewards) == turns for rewards, turns in zip(batch["turn_rewards"], batch["turns"],
+                                                                   strict=True))
+        assert set(batch["ended"]) <= {"answer", "turns", "tokens"}
+        metrics = lab.step()
+        assert metrics["agent/turns/mean"] >= 1 and sum(metrics[f"agent/ended/{k}"] for k in
+                                                         ("answer", "turns", "tokens", "error")) == pytest.approx(1)
+        assert metrics["critic/score/mean"] == pytest.approx(
+            float(sum(sum(r) for r in lab.last_batch["turn_rewards"])) / len(lab.last_batch))
+        steps = lab.telemetry.spans(role="environment")  # every turn of every trajectory answered, on the timeline
+        assert len(steps) >= len(batch) + len(lab.last_batch) and {s.name for s in steps} <= {"tool", "environment"}
+        assert set(lab.evaluate()) == {"eval/accuracy", "eval/score", "eval/response_length"}
+        assert set(lab.last_eval["ended"]) <= {"answer", "turns", "tokens"}
+    finally:
+        lab.shutdown()
