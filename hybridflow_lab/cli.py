@@ -27,7 +27,7 @@ def _demo(args: argparse.Namespace) -> None:
     else:
         from hybridflow_lab.demos import rl_demo
 
-        rl_demo.main(run_dir=args.run_dir, task=args.task, sft_steps=args.sft_steps, rl_steps=args.rl_steps or 300,
+        rl_demo.main(run_dir=args.run_dir, task=args.task, sft_steps=args.sft_steps, rl_steps=args.rl_steps,
                      seed=args.seed, rollout_engine=args.rollout_engine)
 
 
@@ -237,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="rl demo: the model's initialisation, SFT and RL")
     demo.add_argument("--sft-steps", type=int, default=None, help="rl demo: at most this many SFT steps "
                       "(default: the task's own budget)")
-    demo.add_argument("--rl-steps", type=int, default=None, help="rl demo: GRPO steps (default 300; on a "
+    demo.add_argument("--rl-steps", type=int, default=None, help="rl demo: GRPO steps (default the task's: 300, "
+                      "calculator 60; on a "
                       "packaged model the time budget decides)")
     demo.add_argument("--rollout-engine", choices=["torch", "vllm"], default="torch",
                       help="rl demo: generate with the built-in engine or vLLM (make demo-vllm)")

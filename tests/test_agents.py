@@ -290,7 +290,8 @@ def test_a_calculator_lab_rolls_out_trajectories_cell_by_cell_and_a_step_counts_
             float(sum(sum(r) for r in lab.last_batch["turn_rewards"])) / len(lab.last_batch))
         steps = lab.telemetry.spans(role="environment")  # every turn of every trajectory answered, on the timeline
         assert len(steps) >= len(batch) + len(lab.last_batch) and {s.name for s in steps} <= {"tool", "environment"}
-        assert set(lab.evaluate()) == {"eval/accuracy", "eval/score", "eval/response_length"}
+        assert set(lab.evaluate()) == {"eval/accuracy", "eval/score", "eval/response_length", "eval/agent/tool_use",
+                                       "eval/agent/calls/ok_share", "eval/agent/turns/mean"}
         assert set(lab.last_eval["ended"]) <= {"answer", "turns", "tokens"}
     finally:
         lab.shutdown()

@@ -38,16 +38,19 @@ def test_controller_demo_runs_the_dataflow_and_prints_spans():
 
 
 @pytest.mark.ray
-def test_rl_demo_reports_accuracy_before_after_and_the_curve(tmp_path):
-    rl_steps = 50  # the curve's first point
-    out = run_cli("demo", "--task", "sorting", "--run-dir", str(tmp_path), "--sft-steps", "30", "--rl-steps",
-                  str(rl_steps), "--seed", "1", with_stderr=True)
+def test_the_calculator_demo_learns_to_call_the_tool_and_reports_accuracy_before_after_and_the_curve(tmp_path):
+    """The agentic demo end to end (multi-turn rollouts on 2 Ray ranks, DeepSpeed): its warm start calls the tool in
+    30% of its exchanges; 20 GRPO steps make it call the tool and raise held-out accuracy by far more than 20 points
+    (+73 on seeds 0-2 after 50 steps: docs/agents.md)."""
+    rl_steps = 20  # the curve's first point
+    out = run_cli("demo", "--task", "calculator", "--run-dir", str(tmp_path), "--rl-steps", str(rl_steps), "--seed",
+                  "1", with_stderr=True)
     summary = json.loads(out[out.index("\n{") : out.index("\n}") + 2])
-    assert summary["seed"] == 1 and summary["sft_steps"] <= 30
-    assert 0.0 <= summary["accuracy_before_rl"] <= 1.0 and 0.0 <= summary["accuracy_after_rl"] <= 1.0
+    assert summary["seed"] == 1 and summary["gain_points"] >= 20
+    assert summary["tool_use_after_rl"] > summary["tool_use_before_rl"] + 0.2
     assert summary["gain_points"] == pytest.approx(100 * (summary["accuracy_after_rl"] - summary["accuracy_before_rl"]),
                                                    abs=0.051)
-    assert list(summary["accuracy_every_50_steps"]) == [str(step) for step in range(50, rl_steps + 1, 50)]
+    assert list(summary["accuracy_every_20_steps"]) == [str(step) for step in range(20, rl_steps + 1, 20)]
     assert len((tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()) == rl_steps
     assert (tmp_path / "grpo" / "checkpoints" / f"step_{rl_steps:06d}").is_dir()
     # what a new user reads: one progress bar, the curve, the JSON, where to look next; no warnings

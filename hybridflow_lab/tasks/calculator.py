@@ -9,6 +9,7 @@ learn to copy the operands into a call and the tool's result into the answer. Th
 from __future__ import annotations
 
 import random
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,11 +35,14 @@ class CalculatorTask:
     digits: int = 3
     name: str = "calculator"
     partial_credit: str = "format"  # "format": 0.1 for any integer; "digits": also credit for matching digits
+    tool_share: float = 1.0  # of the worked exchanges (``episode``), those that call the tool; the rest answer at once
     tools: tuple[Any, ...] = (calc,)
 
     def __post_init__(self) -> None:
         if self.digits < 1:
             raise ValueError(f"digits must be at least 1, got {self.digits}")
+        if not 0 <= self.tool_share <= 1:
+            raise ValueError(f"tool_share must be in [0, 1], got {self.tool_share}")
         if self.partial_credit not in ("format", "digits"):
             raise ValueError(f"partial_credit must be 'format' or 'digits', got {self.partial_credit!r}")
 
@@ -59,6 +63,10 @@ class CalculatorTask:
         return example.answer
 
     def episode(self, example: Example) -> list[tuple[str, str | None]]:
-        """A worked exchange: each policy turn's text and the tool's answer to it (None after the last)."""
+        """A worked exchange: each policy turn's text and the tool's answer to it (None after the last). A
+        ``tool_share`` of the examples (picked by a hash of the prompt) call the tool; the others answer at once,
+        as a model that has not learned when to call it does."""
         expression = example.prompt.removesuffix("=")
+        if zlib.crc32(example.prompt.encode()) % 1000 >= self.tool_share * 1000:
+            return [(example.answer, None)]
         return [(f"[calc {expression}]", calc(expression)), (example.answer, None)]

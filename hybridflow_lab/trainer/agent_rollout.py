@@ -99,12 +99,14 @@ class AgentRollout:
 
 
 def rollout_metrics(trajectories: list[Trajectory], counts: Counter[str]) -> dict[str, float]:
-    """Turns and calls per trajectory, the share of calls that returned text, seconds per tool call, the
-    failures counted, and the share of each ending."""
+    """Turns and calls per trajectory, the share of calls that returned text, the share of trajectories with one
+    (``tool_use``), seconds per tool call, the failures counted, and the share of each ending."""
     rows, attempts = len(trajectories), counts["call_attempts"]
     metrics = {"agent/turns/mean": float(np.mean([len(t.turns) for t in trajectories])),
                "agent/calls/mean": attempts / rows,
                "agent/calls/ok_share": counts["call_ok"] / attempts if attempts else 0.0,
+               "agent/tool_use": float(np.mean([any(turn.counts.get("call_ok") for turn in t.turns)
+                                                for t in trajectories])),
                "agent/tool_latency_s": counts["tool_s"] / max(counts["tool_calls"], 1)}
     metrics.update({f"agent/{kind}": float(counts[kind])
                     for kind in ("tool_errors", "tool_timeouts", "malformed_calls", "env_errors")})

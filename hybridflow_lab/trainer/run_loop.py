@@ -23,6 +23,8 @@ from hybridflow_lab.trainer.run_stages import RunStages
 from hybridflow_lab.trainer.stages import Stage
 from hybridflow_lab.workers import rule_scores
 
+EVAL_AGENT_METRICS = ("agent/tool_use", "agent/calls/ok_share", "agent/turns/mean")
+
 Listener = Callable[[dict[str, float]], None]
 SPANS = "spans.jsonl"  # every span of the run, whatever the telemetry store keeps in memory
 
@@ -79,19 +81,22 @@ class RunLoop:
 
     def evaluate(self, stages: RunStages, examples: list[Example] | None = None) -> dict[str, float]:
         """Greedy accuracy, mean score and mean response length (tokens) on ``examples`` (default: the task's
-        held-out ones); the responses and their scores stay in ``last_eval``."""
+        held-out ones), and for a task with tools how its episodes used them (``eval/agent/...``); the responses and
+        their scores stay in ``last_eval``."""
         examples = examples if examples is not None else stages.task.eval_examples
         with stages.timed(Stage.EVALUATE):
             prompts, actor = stages.prompts.encode(examples), stages.group("actor")
+            agent: Metrics = {}
             if stages.task.agent is not None:  # whole episodes, scored by their environments
-                out, _ = stages.episodes(actor, prompts, 1, greedy=True, seed=0)
+                out, episodes = stages.episodes(actor, prompts, 1, greedy=True, seed=0)
                 scores = torch.tensor([sum(rewards) for rewards in out["turn_rewards"]], dtype=torch.float32)
+                agent = {f"eval/{k}": episodes[k] for k in EVAL_AGENT_METRICS}
             else:
                 out = actor.generate_sequences(prompts, greedy=True, n=1, seed=0)
                 scores = rule_scores(out, stages.task.reward, stages.reward_guard)["scores"]
         self.last_eval = out.union(DataBatch({"scores": scores}))
         return {"eval/accuracy": accuracy(scores), "eval/score": float(scores.mean()),
-                "eval/response_length": float(out["response_mask"].sum(-1).float().mean())}
+                "eval/response_length": float(out["response_mask"].sum(-1).float().mean()), **agent}
 
     def run(self, steps: int, step: Callable[[], Metrics], config: LabConfig, name: str) -> list[Metrics]:
         """``steps`` calls of ``step`` with a progress bar; their metrics."""
