@@ -8,7 +8,7 @@ special case ``ToolEnvironment``: a turn holding a call gets the tool's result, 
 
 from __future__ import annotations
 
-import concurrent.futures
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -65,10 +65,9 @@ class ToolEnvironment:
     (``reward(prompt, answer, ground_truth)``, the task's rule)."""
 
     def __init__(self, tools: Iterable[Callable[..., Any] | Tool], call_format: CallFormat, reward: RuleFn,
-                 policy: ToolPolicy = ToolPolicy(), pool: concurrent.futures.Executor | None = None) -> None:
+                 policy: ToolPolicy = ToolPolicy()) -> None:
         self.tools = tool_table(tools)
         self.call_format, self.reward, self.policy = call_format, reward, policy
-        self.pool = pool
         self.example: Example | None = None
 
     def reset(self, example: Example) -> str:
@@ -88,7 +87,7 @@ class ToolEnvironment:
         if tool is None:
             return self._error(f"no tool named {call.name!r}; tools: {', '.join(self.tools)}", "tool_errors")
         start = time.perf_counter()
-        outcome = run_with_timeout(lambda: tool(call.arguments), self.policy.timeout_s, self.pool)
+        outcome = run_with_timeout(lambda: tool(call.arguments), self.policy.timeout_s)
         counts = {"tool_calls": 1.0, "tool_s": time.perf_counter() - start}  # a call that reached its tool
         if isinstance(outcome, ToolTimeout):
             return self._error(f"{call.name} timed out after {self.policy.timeout_s:g} s", "tool_timeouts", counts)
@@ -115,19 +114,19 @@ class ToolTimeout(Exception):
     """A tool call that gave no result in time."""
 
 
-def run_with_timeout(call: Callable[[], Any], timeout_s: float,
-                     pool: concurrent.futures.Executor | None = None) -> Any:
-    """``call()``'s result, the exception it raised, or a ``ToolTimeout`` after ``timeout_s`` (the call is
-    abandoned: a thread cannot be stopped, so a tool that may hang belongs in a child process, like the Python
-    tool's)."""
-    owned = pool is None
-    pool = pool or concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    try:
-        return pool.submit(call).result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
-        return ToolTimeout(f"no result within {timeout_s:g} s")
-    except Exception as exc:  # the tool's own failure, reported to the policy
-        return exc
-    finally:
-        if owned:
-            pool.shutdown(wait=False)
+def run_with_timeout(call: Callable[[], Any], timeout_s: float) -> Any:
+    """``call()``'s result, the exception it raised, or a ``ToolTimeout`` after ``timeout_s``. The call runs in a
+    daemon thread, abandoned if it hangs: a thread cannot be stopped, but a daemon one does not keep the process
+    alive (a tool that may hang belongs in a child process, like the Python tool's)."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:  # the tool's own failure, reported to the policy
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, name="hybridflow-tool", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    return outcome[0] if outcome else ToolTimeout(f"no result within {timeout_s:g} s")

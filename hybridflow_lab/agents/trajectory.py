@@ -37,10 +37,11 @@ class Turn:
 
 @dataclass
 class Trajectory:
-    """One episode of ``env`` on ``example``: its prompt ids, its turns, and why it ended."""
+    """One episode of ``env`` on ``example`` (no environment: a worked demonstration): its prompt ids, its turns,
+    and why it ended."""
 
     example: Example
-    env: Environment
+    env: Environment | None
     prompt_ids: list[int]
     turns: list[Turn] = field(default_factory=list)
     ended: str | None = None

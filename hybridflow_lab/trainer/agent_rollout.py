@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ ENVIRONMENT_ROLE = "environment"
 class AgentSetup:
     """A task's multi-turn side: a fresh environment per trajectory, how calls are written, the loop's limits."""
 
-    make_env: Any  # () -> Environment
+    make_env: Callable[[], Environment]
     call_format: CallFormat
     limits: AgentLimits
 
