@@ -241,24 +241,6 @@ def test_run_files_and_the_served_app_read_what_a_lab_writes(model_dir, tmp_path
     assert "HTML" in panes and fresh.samples[0]["prompt"] in panes["HTML"].object
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-def test_placement_applied_after_start_restarts_the_worker_groups(ray_cluster, model_dir, tmp_path):
-    lab = Lab(ppo_config(model_dir, f"trainer.run_dir={tmp_path}", "actor.ranks=1", "critic.ranks=1",
-                         "trainer.progress=false", "batch.rollout_batch_prompts=4",
-                         "batch.update_minibatch_sequences=32", "batch.micro_batch_sequences_per_rank=16"))
-    try:
-        board = placement_board(lab, devices=4)
-        sizes = control(board, "pool main slots")
-        assert list(sizes.options) == [1, 2]
-        sizes.value = 2
-        board.apply()
-        assert lab.actor.world_size == 2 and lab.critic.world_size == 2 and "restarted" in board.status.value
-        assert "critic/vf_loss" in lab.step()
-    finally:
-        lab.shutdown()
-
-
 def test_lab_reconfigure_rejects_a_bad_layout_and_keeps_the_config(model_dir, tmp_path):
     lab = Lab(ppo_config(model_dir, f"trainer.run_dir={tmp_path}"), start=False)
     with pytest.raises(ConfigError, match=r"critic\.pool"):
