@@ -233,22 +233,21 @@ def test_the_trainers_log_probs_of_a_multi_turn_trajectory_equal_the_engines_at_
                                                                                                  remove_padding):
     """The built-in engine samples each turn over the whole context (observations included); the training forward
     over the trajectory batch scores the policy's tokens alike, and nothing at the observations."""
+    from hybridflow_lab.agents.trajectory import left_padded
     from hybridflow_lab.engines.forward import response_log_probs
     from hybridflow_lab.engines.sampling import SamplingParams
     from hybridflow_lab.engines.torch_rollout import TorchRollout
     from hybridflow_lab.models import load_causal_lm
     from hybridflow_lab.models.tokenizers import load_tokenizer
     from hybridflow_lab.protocol import DataBatch
-    from hybridflow_lab.trainer.agent_rollout import left_padded
 
     tokenizer, model = load_tokenizer(model_dir), load_causal_lm(model_dir).eval()
     engine = TorchRollout(model, SamplingParams(), tokenizer.eos_token_id, tokenizer.pad_token_id,
                           tokenizer=tokenizer)
 
     def generate(contexts, max_new_tokens, turn):
-        batch = left_padded(contexts, tokenizer.pad_token_id)
-        out = engine.generate(batch["input_ids"], batch["attention_mask"],
-                              SamplingParams(max_new_tokens=max_new_tokens, stop=("]",), seed=turn))
+        tokens, mask = left_padded(contexts, tokenizer.pad_token_id)
+        out = engine.generate(tokens, mask, SamplingParams(max_new_tokens=max_new_tokens, stop=("]",), seed=turn))
         real = out["response_mask"].bool()
         return [(ids[keep].tolist(), lp[keep].tolist())
                 for ids, keep, lp in zip(out["responses"], real, out["rollout_log_probs"], strict=True)]

@@ -66,8 +66,7 @@ def run_episodes(generate: GenerateTurn, envs: Sequence[Environment], examples: 
             elif turn_index == limits.max_turns - 1:
                 trajectory.ended = "turns"
             else:
-                rendered = renderer.text(result.observation or "", result.role)
-                observation_ids = renderer.encode(rendered)
+                rendered, observation_ids = renderer.render(result.observation or "", result.role)
                 if trajectory.length + len(observation_ids) >= limits.max_tokens:
                     trajectory.ended = "tokens"  # no room for the observation and a reply to it
                 else:

@@ -31,6 +31,7 @@ class ObservationRenderer:
                              "verbatim; set task.chat_template=false to use the plain observation text")
         return rendered.split(MARK, 1)[1]
 
-    def encode(self, text: str) -> list[int]:
-        """``text`` (a rendered observation) as token ids, on its own."""
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    def render(self, observation: str, role: Role) -> tuple[str, list[int]]:
+        """The observation's text (``text``) and its token ids, encoded on their own."""
+        text = self.text(observation, role)
+        return text, self.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -8,6 +8,7 @@ log-probs exist for the policy's tokens only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 
 from hybridflow_lab.agents.environment import Environment, Role
+from hybridflow_lab.models.decoder import positions_from_mask
 from hybridflow_lab.tasks.base import Example
 
 ENDINGS = ("answer", "turns", "tokens", "error")  # why a trajectory ended: metrics count each
@@ -72,22 +74,34 @@ class Trajectory:
         return out
 
 
+def left_padded(rows: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists as left-padded ``[rows, longest]`` ids and their attention mask."""
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, tokens in enumerate(rows):
+        ids[row, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
+        mask[row, width - len(tokens):] = 1
+    return ids, mask
+
+
+def episode_scores(turn_rewards: Sequence[Sequence[float]]) -> torch.Tensor:
+    """Each trajectory's score: the sum of its turns' rewards."""
+    return torch.tensor([sum(rewards) for rewards in turn_rewards], dtype=torch.float32)
+
+
 def trajectories_batch(trajectories: list[Trajectory], pad_token_id: int) -> tuple[dict[str, torch.Tensor],
                                                                                    dict[str, Any]]:
     """The training layout of ``trajectories`` (``prompts | responses`` with the masks above) and their per-row
     columns: ``response_text`` (the whole trajectory as the policy read it), ``answer_text`` (the last turn),
     ``turns``, ``turn_rewards``, ``tool_calls`` and ``ended``."""
     rows, width = len(trajectories), max(1, max(t.length for t in trajectories))
-    prompt_width = max(len(t.prompt_ids) for t in trajectories)
-    prompts = torch.full((rows, prompt_width), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros(rows, prompt_width, dtype=torch.long)
+    prompts, prompt_mask = left_padded([t.prompt_ids for t in trajectories], pad_token_id)
     responses = torch.full((rows, width), pad_token_id, dtype=torch.long)
     response_mask = torch.zeros(rows, width, dtype=torch.long)
     trajectory_mask = torch.zeros(rows, width, dtype=torch.long)
     log_probs = torch.zeros(rows, width)
     for row, trajectory in enumerate(trajectories):
-        prompts[row, prompt_width - len(trajectory.prompt_ids):] = torch.tensor(trajectory.prompt_ids)
-        prompt_mask[row, prompt_width - len(trajectory.prompt_ids):] = 1
         at = 0
         for turn in trajectory.turns:
             for ids, policy in ((turn.ids, True), (turn.observation_ids, False)):
@@ -100,7 +114,7 @@ def trajectories_batch(trajectories: list[Trajectory], pad_token_id: int) -> tup
     attention_mask = torch.cat([prompt_mask, trajectory_mask], dim=1)
     tensors = {"prompts": prompts, "responses": responses, "response_mask": response_mask,
                "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask,
-               "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0), "rollout_log_probs": log_probs}
+               "position_ids": positions_from_mask(attention_mask, responses), "rollout_log_probs": log_probs}
     columns = {
         "response_text": ["".join(text for _, text in t.segments()) for t in trajectories],
         "answer_text": [t.turns[-1].text if t.turns else "" for t in trajectories],

@@ -196,6 +196,7 @@ class VllmRollout:
         check_reload_signature()
         self.params, self.eos_token_id, self.pad_token_id = params, eos_token_id, pad_token_id
         self.model_path = model_path
+        self._stop_ids: dict[tuple[str, ...], tuple[int, ...]] = {}  # stop strings as tokens, found once per set
         self.settings = settings
         start = time.perf_counter()
         self.llm = LLM(**engine_arguments(model_path, settings, self.on_cuda))
@@ -285,8 +286,9 @@ class VllmRollout:
         self.transitions.append("generate")
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in unpadded_prompts(prompt_ids, prompt_mask)]
         if params.stop:  # the engine has no tokenizer: each stop string as its one token
-            params = replace(params, stop=(), stop_token_ids=(*params.stop_token_ids, *single_token_stops(
-                load_tokenizer(self.model_path), params.stop)))
+            if params.stop not in self._stop_ids:
+                self._stop_ids[params.stop] = single_token_stops(load_tokenizer(self.model_path), params.stop)
+            params = replace(params, stop=(), stop_token_ids=(*params.stop_token_ids, *self._stop_ids[params.stop]))
         outputs = self.llm.generate(prompts, VllmSamplingParams(**vllm_sampling_kwargs(params, self.eos_token_id)),
                                     use_tqdm=False)
         self.sleep()  # training gets the memory back until the next generation

@@ -13,13 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from hybridflow_lab.agents import AgentLimits, ObservationRenderer, StepResult, Trajectory, run_episodes
 from hybridflow_lab.agents.call_formats import CallFormat
 from hybridflow_lab.agents.environment import Environment
-from hybridflow_lab.agents.trajectory import ENDINGS, trajectories_batch
+from hybridflow_lab.agents.trajectory import ENDINGS, left_padded, trajectories_batch
 from hybridflow_lab.controller import WorkerGroup
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.seeds import derive_seed
@@ -38,17 +37,6 @@ class AgentSetup:
     make_env: Callable[[], Environment]
     call_format: CallFormat
     limits: AgentLimits
-
-
-def left_padded(contexts: list[list[int]], pad_token_id: int) -> DataBatch:
-    """Token-id lists as a left-padded prompt batch (``input_ids``, ``attention_mask``)."""
-    width = max(map(len, contexts))
-    ids = torch.full((len(contexts), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, context in enumerate(contexts):
-        ids[row, width - len(context):] = torch.tensor(context, dtype=torch.long)
-        mask[row, width - len(context):] = 1
-    return DataBatch({"input_ids": ids, "attention_mask": mask})
 
 
 class AgentRollout:
@@ -70,7 +58,8 @@ class AgentRollout:
 
         def generate(contexts: list[list[int]], max_new_tokens: int, turn: int) -> list[tuple[list[int],
                                                                                            list[float]]]:
-            out = group.generate_sequences(left_padded(contexts, self.tokenizer.pad_token_id), greedy=greedy, n=1,
+            ids, mask = left_padded(contexts, self.tokenizer.pad_token_id)
+            out = group.generate_sequences(DataBatch({"input_ids": ids, "attention_mask": mask}), greedy=greedy, n=1,
                                            seed=None if seed is None else derive_seed(seed, "turn", turn),
                                            stop=frozenset(self.setup.call_format.stop), max_new_tokens=max_new_tokens)
             real = out["response_mask"].bool()

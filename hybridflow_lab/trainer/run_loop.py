@@ -8,8 +8,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from hybridflow_lab.agents.trajectory import episode_scores
 from hybridflow_lab.config import LabConfig, to_dict
 from hybridflow_lab.dataflows import Metrics
 from hybridflow_lab.dataflows.pending import resolve
@@ -89,7 +88,7 @@ class RunLoop:
             agent: Metrics = {}
             if stages.task.agent is not None:  # whole episodes, scored by their environments
                 out, episodes = stages.episodes(actor, prompts, 1, greedy=True, seed=0)
-                scores = torch.tensor([sum(rewards) for rewards in out["turn_rewards"]], dtype=torch.float32)
+                scores = episode_scores(out["turn_rewards"])
                 agent = {f"eval/{k}": episodes[k] for k in EVAL_AGENT_METRICS}
             else:
                 out = actor.generate_sequences(prompts, greedy=True, n=1, seed=0)

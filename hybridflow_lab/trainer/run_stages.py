@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridflow_lab.agents.trajectory import episode_scores
 from hybridflow_lab.algorithms.masked import token_level
 from hybridflow_lab.algorithms.registry import get_advantage_estimator, get_policy_loss
 from hybridflow_lab.algorithms.safe_rlhf import LagrangeMultiplier
@@ -180,7 +181,7 @@ class RunStages:
 
         def scores(rows: DataBatch) -> DataBatch:
             if "turn_rewards" in rows:  # trajectories: their environments scored each turn
-                scores = torch.tensor([sum(rewards) for rewards in rows["turn_rewards"]], dtype=torch.float32)
+                scores = episode_scores(rows["turn_rewards"])
             elif learned:
                 scores = self.groups.by_role["reward_model"].compute_rm_score(rows.select(*TRAINING_COLUMNS))["scores"]
             else:

@@ -58,8 +58,7 @@ def episode_batch(tokenizer: PreTrainedTokenizerBase, task: Task, examples: list
                                                                            else [])
             turn = Turn(ids, [0.0] * len(ids), text)
             if answer is not None:
-                turn.observation_text = renderer.text(answer, "tool")
-                turn.observation_ids = renderer.encode(turn.observation_text)
+                turn.observation_text, turn.observation_ids = renderer.render(answer, "tool")
             trajectory.turns.append(turn)
         trajectories.append(trajectory)
     tensors, _ = trajectories_batch(trajectories, tokenizer.pad_token_id)
