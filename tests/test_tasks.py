@@ -213,13 +213,13 @@ def test_countdown_rejects_bad_settings(kwargs):
 # ---- registry and tokenizer characters ----
 
 def test_registry():
-    assert set(TASKS) == {"arithmetic", "calculator", "countdown", "sorting", "word_problems"}
+    assert set(TASKS) == {"arithmetic", "calculator", "countdown", "reasoning_gym", "sorting", "word_problems"}
     assert make_task("arithmetic", operators="+-") == ArithmeticTask(operators="+-")
     assert make_task("sorting", length=3) == SortingTask(length=3)
     assert make_task("countdown", numbers=4) == CountdownTask(numbers=4)
     assert make_task("word_problems", operations=3) == WordProblemTask(operations=3)
     assert make_task("calculator", digits=2) == CalculatorTask(digits=2)
-    with pytest.raises(ValueError, match="known tasks: arithmetic, calculator, countdown, sorting, word_problems"):
+    with pytest.raises(ValueError, match="known tasks: arithmetic, calculator, countdown, reasoning_gym, sorting, wo"):
         make_task("chess")
 
 
@@ -310,7 +310,7 @@ def test_load_gsm8k_reads_the_first_hashes_of_the_answer_field(tmp_path):
     ("\\boxed{ 1,234 }", "1234", "1234"),
     ("\\boxed{-3.5} and then 7", "-3.5", "-3.5"),
     ("Adding 3 gives \\boxed{x+1}", None, "1"),  # not a number: no strict answer
-    ("\\boxed{\\frac{1}{2}}", None, "2"),
+    ("\\boxed{\\frac{1}{2}}", "1/2", "1/2"),  # math-verify reads the LaTeX value (was: no strict answer)
     ("\\boxed{} 4", None, "4"),
     (" 42.\n", "42", "42"),  # the bare number as the whole answer ("answer with the number only")
     ("-7", "-7", "-7"),
@@ -331,6 +331,13 @@ def test_extract_answer_strict_and_lenient(text, strict, lenient):
 ])
 def test_extract_answer_takes_the_last_marked_answer(text, strict, lenient):
     assert (extract_answer(text, "strict"), extract_answer(text, "lenient")) == (strict, lenient)
+
+
+def test_math_verify_scores_a_boxed_latex_value_and_compares_answers_as_values():
+    assert gsm8k_reward("q", "so \\boxed{\\frac{84}{2}}", "42", mode="strict") == 1.0
+    assert gsm8k_reward("q", "\\boxed{\\dfrac{1}{2}}", "0.5", mode="strict") == 1.0
+    assert gsm8k_reward("q", "#### 0.50", "0.5", mode="strict") == 1.0
+    assert gsm8k_reward("q", "\\boxed{\\frac{1}{3}}", "0.33", mode="strict") == 0.0
 
 
 def test_extract_answer_rejects_unknown_mode():
@@ -560,3 +567,27 @@ def test_digit_score_credits_matching_columns():
     assert task.reward("12+34=", "47", "46") == pytest.approx(0.35)
     with pytest.raises(ValueError, match="partial_credit"):
         ArithmeticTask(partial_credit="half")
+
+
+def test_a_reasoning_gym_generator_is_scored_by_reasoning_gyms_own_scorer():
+    import reasoning_gym
+
+    task = make_task("reasoning_gym", dataset="countdown")
+    example = task.sample(random.Random(3))
+    entry = task.entry(json.loads(example.answer)["index"])
+    assert example.prompt.startswith(entry["question"]) and "<answer>" in example.prompt
+    assert task.reward(example.prompt, "think... " + task.demonstration(example), example.answer) == 1.0
+    scorer = reasoning_gym.create_dataset("countdown", seed=0, size=10)
+    for guess in ("1 + 2", "", "not an expression"):  # partial credit and none, as reasoning-gym grants it
+        expected = scorer.score_answer(guess, entry)
+        assert task.reward(example.prompt, f"<answer>{guess}</answer>", example.answer) == expected
+    assert task.reward(example.prompt, "no tags", example.answer) == scorer.score_answer(None, entry)
+
+
+def test_reasoning_gym_held_out_questions_come_from_their_own_seed_and_are_never_trained_on():
+    task = make_task("reasoning_gym", dataset="chain_sum", options={"min_terms": 2, "max_terms": 2,
+                                                                     "min_digits": 1, "max_digits": 1})
+    training = {example.prompt for example in PromptSource(task, seed=0).next_batch(400)}
+    evaluation = held_out(task, 40, seed=0)
+    assert len({example.prompt for example in evaluation}) > 20  # a small space (1-digit pairs), still varied
+    assert not training & {example.prompt for example in evaluation}

@@ -90,6 +90,10 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         return tuple(_convert(item, v, key) for item, v in zip(items, value, strict=True))
     if hint is Any:
         return value
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(key, f"expected a mapping (key: value), got {value!r}")
+        return dict(value)
     if origin is typing.Literal:  # its choices are checked with the other rules (config.rules), with their fixes
         return _convert(type(typing.get_args(hint)[0]), value, key)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 TrainBackend = Literal["torch", "deepspeed", "fsdp"]  # the training engines (hybridflow_lab.engines builds them)
 ReshardStrategy = Literal["hybridflow", "hybridflow_v", "ds_chat"]  # training -> generation (hybridflow_lab.hybrid)
@@ -232,7 +232,8 @@ class AlgorithmConfig:
 class TaskConfig:
     """Where prompts and rewards come from: a bundled task, or a GSM8K-format file."""
 
-    name: str = "arithmetic"  # a bundled task (arithmetic, calculator, countdown, sorting, word_problems), or "gsm8k"
+    name: str = "arithmetic"  # a bundled task (arithmetic, calculator, countdown, sorting, word_problems,
+    # reasoning_gym), or "gsm8k"
     digits: int = 2  # arithmetic, calculator: digits per operand; countdown: digits per number
     operators: str = "+"  # arithmetic: drawn per prompt; countdown: those a puzzle's solution may use
     partial_credit: str = "format"  # arithmetic, calculator, sorting: "format" (well-formed answers) or "digits"
@@ -242,6 +243,8 @@ class TaskConfig:
     unformatted_credit: float = 0.0  # word_problems: score of the right number without '#### n' or \boxed{n}
     format_credit: float = 0.0  # word_problems: score of a wrong answer in one of those formats
     dataset_path: str = ""  # gsm8k: .jsonl or .parquet
+    dataset: str = ""  # reasoning_gym: the generator's name (e.g. products, basic_arithmetic, countdown)
+    dataset_options: dict[str, Any] = field(default_factory=dict)  # reasoning_gym: its config's fields
     chat_template: bool | None = None  # render prompts with the tokenizer's chat template; None: when it has one
     system_prompt: str = ""  # a system turn before each prompt (raw format: a line before it)
     few_shot: int = 0  # worked examples (the task's demonstrations) shown before each prompt; bundled tasks
@@ -255,6 +258,7 @@ class TaskConfig:
 class AgentConfig:
     """Multi-turn rollouts, for a task with tools (e.g. ``calculator``): docs/agents.md."""
 
+    tools: tuple[str, ...] = ()  # bundled tools (calc, python) added to the task's own: any task becomes multi-turn
     call_format: Literal["plain", "hermes"] = "plain"  # how calls are written: [name args] or <tool_call>{json}
     max_turns: int = 4  # policy turns per trajectory
     max_tokens: int = 128  # tokens after the prompt: the policy's turns and the observations between them

@@ -3,13 +3,13 @@ whole answer) or, leniently, the last number.
 
 A text's final answer is its last marked one: a model that writes ``#### 5`` and later ``#### 7`` answered 7,
 as a reader who takes the last word for the answer would. If that last mark holds no number (``\\boxed{x+1}``),
-the text has no strict answer, even when an earlier mark held one.
+the text has no strict answer, even when an earlier mark held one. A boxed LaTeX value (``\\boxed{\\frac{1}{2}}``)
+is read by math-verify (the checker TRL and Open-R1 use), which also decides whether two answers are equal.
 """
 
 from __future__ import annotations
 
 import re
-from decimal import Decimal
 
 ANSWER_MODES = ("strict", "lenient")
 NUMBER = r"(?:(?<!\d)-)?\d+(?:,\d{3}(?!\d))*(?:\.\d+)?"  # "4-9" is 4 and 9; "=-5" is -5
@@ -38,8 +38,13 @@ def extract_answer(text: str, mode: str = "strict") -> str | None:
 
 
 def same_number(found: str | None, truth: str) -> bool:
-    """Whether the extracted answer ``found`` equals ``truth`` as a number ("42" == "42.0" == "42.00")."""
-    return found is not None and Decimal(found) == Decimal(truth.replace(",", ""))
+    """Whether the extracted answer ``found`` equals ``truth`` as a value, by math-verify ("42" == "42.0",
+    "1/2" == "0.5")."""
+    if found is None:
+        return False
+    from math_verify import verify
+
+    return verify(_math_value(truth.replace(",", "")), _math_value(found), timeout_seconds=None)
 
 
 def answer_score(response: str, truth: str, *, unformatted_credit: float = 0.0, format_credit: float = 0.0) -> float:
@@ -57,6 +62,31 @@ def _marked_number(text: str) -> str | None:
     if not marks:
         return None
     last = marks[-1]
-    content = _AFTER_HASHES if last.group().startswith("#") else _BOXED_NUMBER
-    match = content.match(text, last.end())
-    return match.group(1) if match else None
+    if last.group().startswith("#"):
+        match = _AFTER_HASHES.match(text, last.end())
+        return match.group(1) if match else None
+    number = _BOXED_NUMBER.match(text, last.end())
+    return number.group(1) if number else _boxed_value(text, last.end())
+
+
+def _boxed_value(text: str, start: int) -> str | None:
+    """The number a ``\\boxed{...}`` whose content starts at ``start`` holds in LaTeX (``\\frac{1}{2}`` -> ``1/2``),
+    read by math-verify; None when the braces do not close or the content is not a number."""
+    depth = 1
+    for end in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            break
+    else:
+        return None
+    values = _math_value(f"${text[start:end]}$", latex=True)
+    return str(values[0]) if values and getattr(values[0], "is_number", False) else None
+
+
+def _math_value(text: str, latex: bool = False) -> list:
+    """math-verify's parse of ``text``: a plain number or expression, or (``latex``) LaTeX math. Its signal-based
+    timeout is off: rewards may run outside the main thread (task.reward_timeout_s bounds a slow rule)."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    config = [LatexExtractionConfig()] if latex else [ExprExtractionConfig()]
+    return parse(text, extraction_config=config, parsing_timeout=None)

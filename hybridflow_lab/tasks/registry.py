@@ -8,11 +8,13 @@ from hybridflow_lab.tasks.arithmetic import ArithmeticTask
 from hybridflow_lab.tasks.base import Task
 from hybridflow_lab.tasks.calculator import CalculatorTask
 from hybridflow_lab.tasks.countdown import CountdownTask
+from hybridflow_lab.tasks.reasoning_gym_task import ReasoningGymTask
 from hybridflow_lab.tasks.sorting import SortingTask
 from hybridflow_lab.tasks.word_problems import WordProblemTask
 
 TASKS: dict[str, Callable[..., Task]] = {"arithmetic": ArithmeticTask, "calculator": CalculatorTask,
-                                         "countdown": CountdownTask, "sorting": SortingTask,
+                                         "countdown": CountdownTask, "reasoning_gym": ReasoningGymTask,
+                                         "sorting": SortingTask,
                                          "word_problems": WordProblemTask}
 
 

@@ -18,7 +18,10 @@ from hybridflow_lab.telemetry.spans import Phase, Span
 from hybridflow_lab.telemetry.summary import format_bytes
 
 WHOLE_BATCH = "*"  # a stage's ``reads`` when it takes every column of its batch
-MODEL_ROWS = ("rollout", "actor", "reference", "critic", "reward model", "reward function", "controller")
+MODEL_ROWS = ("rollout", "actor", "environment", "reference", "critic", "reward model", "reward function",
+              "controller")
+ENVIRONMENT = "environment"  # the node of a multi-turn rollout's environment, after the stage that generated
+ENVIRONMENT_COLUMNS = ("turn_rewards", "tool_calls", "turns", "ended")  # what the environment decided
 NOT_DATAFLOW = ("evaluate", "save")  # stages a run calls besides the algorithm's dataflow
 THEMED_TEXT = "fill: var(--jp-ui-font-color1, #333)"  # text outside the boxes follows JupyterLab's theme
 STATUS_COLOURS = {"done": "#cfe3f7", "running": "#ffb347", "waiting": "#eeeeee"}
@@ -36,6 +39,7 @@ class GraphNode:
     step: int | None = None
     seconds: float = 0.0
     moved_bytes: int = 0
+    calls: int | None = None  # the environment's: tool calls made
     reads: list[str] = field(default_factory=list)
     writes: dict[str, dict[str, Any]] = field(default_factory=dict)  # column -> shape, dtype, bytes
 
@@ -45,7 +49,8 @@ class GraphNode:
         if self.status == "waiting":
             return "waiting"
         moved = f" · {format_bytes(self.moved_bytes)}" if self.moved_bytes else ""
-        return f"{self.seconds:.2f} s{moved}"
+        calls = f"{self.calls} calls · " if self.calls is not None else ""
+        return f"{calls}{self.seconds:.2f} s{moved}"
 
 
 @dataclass
@@ -137,9 +142,21 @@ def _nodes(finished: list[Span], running: Sequence[Span] = ()) -> list[GraphNode
         key = span.name if counts[span.name] == 1 else f"{span.name}#{counts[span.name]}"
         nodes.append(GraphNode(key, span.name, span.attrs.get("model", "controller"), span.attrs.get("pool", ""),
                                "done" if done else "running", span.step, span.duration if done else 0.0,
-                               int(span.attrs.get("moved", 0)), list(span.attrs.get("reads", [])),
-                               dict(span.attrs.get("writes", {})) if done else {}))
+                               int(span.attrs.get("moved", 0)), reads=list(span.attrs.get("reads", [])),
+                               writes=dict(span.attrs.get("writes", {})) if done else {}))
+        if "environment" in span.attrs:
+            nodes.append(_environment_node(nodes[-1], span.attrs["environment"]))
     return nodes
+
+
+def _environment_node(generated: GraphNode, environment: dict[str, float]) -> GraphNode:
+    """The environment that answered ``generated``'s turns: it read the responses and wrote the turn rewards and
+    the columns counting calls and turns (taken from the generating node's writes)."""
+    writes = {c: generated.writes.pop(c) for c in ENVIRONMENT_COLUMNS if c in generated.writes}
+    key = ENVIRONMENT if generated.key == generated.stage else f"{ENVIRONMENT}{generated.key[len(generated.stage):]}"
+    return GraphNode(key, ENVIRONMENT, ENVIRONMENT, "controller", generated.status, generated.step,
+                     float(environment.get("seconds", 0.0)), calls=int(environment.get("calls", 0)),
+                     reads=["responses"], writes=writes)
 
 
 def _edges(nodes: list[GraphNode]) -> list[GraphEdge]:

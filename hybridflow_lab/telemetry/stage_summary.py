@@ -13,6 +13,7 @@ from hybridflow_lab.telemetry.spans import Phase, Span
 from hybridflow_lab.telemetry.summary import format_bytes
 
 MOVED_PHASES = (Phase.DISPATCH, Phase.COLLECT, Phase.TRANSFER)
+ENVIRONMENT_ROLE = "environment"  # the spans of a multi-turn rollout's environment steps (tool calls named "tool")
 
 
 @dataclass
@@ -33,6 +34,16 @@ class StageSummary:
     def bytes_moved(self) -> int:
         """Bytes sent to and received from the worker ranks (and between groups) during the stage."""
         return sum(s.bytes_moved for s in self.spans if s.phase in MOVED_PHASES)
+
+    @property
+    def environment(self) -> dict[str, float]:
+        """A multi-turn rollout's environment steps (role ``environment`` spans): how many, how many were tool
+        calls, and their seconds; empty for a stage without any."""
+        steps = [s for s in self.spans if s.role == ENVIRONMENT_ROLE]
+        if not steps:
+            return {}
+        return {"steps": len(steps), "calls": sum(s.name == "tool" for s in steps),
+                "seconds": sum(s.duration for s in steps)}
 
     @property
     def worker_calls(self) -> dict[str, list[int]]:

@@ -25,9 +25,9 @@ from hybridflow_lab.seeds import derive_seed
 from hybridflow_lab.tasks.base import Example
 from hybridflow_lab.tasks.prompts import PromptFormat
 from hybridflow_lab.telemetry import Phase, Span, TelemetryStore
+from hybridflow_lab.telemetry.stage_summary import ENVIRONMENT_ROLE
 
 AGENT_COLUMNS = ("answer_text", "turns", "turn_rewards", "tool_calls", "ended", "segments")
-ENVIRONMENT_ROLE = "environment"
 
 
 @dataclass

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow_lab.redact import redact
+from hybridflow_lab.telemetry.trajectory_view import trajectory_html
 
 CONFIG_FILE = "config.json"
 
@@ -38,7 +39,7 @@ class MetricsLog:
             import wandb
 
             columns = list(rows[0])
-            table = wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
+            table = wandb.Table(columns=columns, data=[[wandb_cell(row.get(c), c) for c in columns] for row in rows])
             self.wandb_run.log({"samples": table}, step=step)
 
     def truncate_after(self, step: int) -> None:
@@ -76,3 +77,12 @@ def start_wandb(project: str, run_dir: Path, config: dict[str, Any] | None) -> A
     return wandb.init(project=project, dir=str(run_dir), config=redact(config or {}), name=run_dir.name,
                       settings=wandb.Settings(init_timeout=float(os.environ["WANDB_INIT_TIMEOUT"]),
                                               console="off", silent=True))
+
+
+def wandb_cell(value: Any, column: str) -> Any:
+    """A sample's cell for a wandb table: a trajectory as HTML (turn by turn), anything else as it is."""
+    if column != "trajectory":
+        return value
+    import wandb
+
+    return wandb.Html(trajectory_html(value))

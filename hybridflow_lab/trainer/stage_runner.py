@@ -68,6 +68,8 @@ class StageRunner:
             with self.telemetry.stage(stage.value, **graph, **({"lane": lane} if lane else {})) as attrs:
                 yield summary
                 attrs.update(writes=summary.columns, moved=summary.bytes_moved)
+                if summary.environment:
+                    attrs["environment"] = summary.environment
         except WorkerCallError as error:
             self._on_worker_error(error, stage.value)
             raise

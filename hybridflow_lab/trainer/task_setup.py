@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hybridflow_lab.agents import CALL_FORMATS, AgentLimits, ToolEnvironment, ToolPolicy
+from hybridflow_lab.agents.toolbox import bundled_tools
 from hybridflow_lab.agents.tools import tool_table
 from hybridflow_lab.algorithms.dapo import overlong_penalty
 from hybridflow_lab.config import ConfigError, LabConfig
@@ -61,9 +62,11 @@ TASK_SETTINGS: dict[str, Callable[[TaskConfig], dict[str, Any]]] = {
     "calculator": lambda c: {"digits": c.digits, "partial_credit": c.partial_credit},
     "word_problems": lambda c: {"operations": c.operations, "max_value": c.max_value,
                                 "unformatted_credit": c.unformatted_credit, "format_credit": c.format_credit},
+    "reasoning_gym": lambda c: {"dataset": c.dataset, "options": c.dataset_options},
 }
 PROMPT_LENGTH_SETTING = {"arithmetic": "task.digits", "calculator": "task.digits", "countdown": "task.length",
-                         "sorting": "task.length", "word_problems": "task.operations"}
+                         "sorting": "task.length", "word_problems": "task.operations",
+                         "reasoning_gym": "task.dataset_options"}
 
 
 def build_task(config: LabConfig) -> TaskSetup:
@@ -128,6 +131,10 @@ def _bundled_setup(config: LabConfig, tokenizer: PreTrainedTokenizerBase, cost: 
         raise ConfigError("task.dataset_path", f"is {task_config.dataset_path!r}, but the bundled "
                           f"{task_config.name} task reads no file; set task.name={DATASET_TASK} to train on it, or "
                           "task.dataset_path=''")
+    if (task_config.dataset or task_config.dataset_options) and task_config.name != "reasoning_gym":
+        raise ConfigError("task.dataset", f"names a reasoning-gym generator, which the {task_config.name} task does "
+                          "not read; set task.name=reasoning_gym to train on it, or drop task.dataset and "
+                          "task.dataset_options")
     try:
         task = make_task(task_config.name, **TASK_SETTINGS.get(task_config.name, lambda _: {})(task_config))
     except (TypeError, ValueError) as exc:
@@ -139,19 +146,25 @@ def _bundled_setup(config: LabConfig, tokenizer: PreTrainedTokenizerBase, cost: 
     _check_prompt_lengths(config, tokenizer, prompt_format,
                           [(f"the {task_config.name} task's held-out prompt {e.prompt!r}", e.prompt)
                            for e in evaluation], f"or lower {length_setting}")
+    tools = getattr(task, "tools", ())
     return TaskSetup(PromptSource(task, seed), task.reward, evaluation, prompt_format, task, cost,
-                     agent=tool_agent(config, task.tools, task.reward) if getattr(task, "tools", ()) else None)
+                     agent=tool_agent(config, tools, task.reward) if tools or config.agent.tools else None)
 
 
 def tool_agent(config: LabConfig, tools: Sequence[Any], reward: RuleFn) -> AgentSetup:
-    """Multi-turn rollouts calling ``tools`` in ``agent.call_format``, the final answer scored by ``reward``."""
+    """Multi-turn rollouts calling ``tools`` and the bundled ``agent.tools`` in ``agent.call_format``, the final
+    answer scored by ``reward``."""
     agent = config.agent
     call_format = CALL_FORMATS[agent.call_format]
     policy = ToolPolicy(agent.tool_timeout_s, agent.max_result_chars, agent.end_on_error)
     try:
-        table = tool_table(tools)
+        added = bundled_tools(agent.tools)
     except ValueError as exc:
-        raise ConfigError("task.name", str(exc)) from None
+        raise ConfigError("agent.tools", str(exc)) from None
+    try:
+        table = tool_table([*tools, *added])
+    except ValueError as exc:
+        raise ConfigError("agent.tools" if added else "task.name", str(exc)) from None
     return AgentSetup(lambda: ToolEnvironment(table.values(), call_format, reward, policy), call_format,
                       AgentLimits(agent.max_turns, agent.max_tokens, config.rollout.max_new_tokens))
 

@@ -11,6 +11,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from hybridflow_lab.telemetry import Phase, Span, format_bytes
+from hybridflow_lab.telemetry.trajectory_view import trajectory_html
 
 CONTROLLER_ROW = "controller"
 TIMELINE_PHASES = (Phase.STAGE, Phase.EXECUTE, Phase.TRANSFER)
@@ -178,14 +179,22 @@ def moving_average(values: Sequence[float], window: int) -> list[float]:
 
 
 def samples_html(rows: Sequence[Mapping[str, Any]], limit: int = 16) -> str:
-    """An HTML table of sample rows (prompt, response, ground truth, score, advantage)."""
+    """An HTML table of sample rows (prompt, response, ground truth, score, advantage); a multi-turn row's
+    response shows its turns, observations marked as not trained on."""
     if not rows:
         return "<p><i>no samples yet</i></p>"
     columns = [c for c in SAMPLE_COLUMNS if any(c in row for row in rows)]
     head = "".join(f"<th>{c}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(row.get(c))}</td>" for c in columns) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td>{_sample_cell(row, c)}</td>" for c in columns) + "</tr>"
                    for row in rows[:limit])
     return f"<table class='hybridflow-samples'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _sample_cell(row: Mapping[str, Any], column: str) -> str:
+    """A multi-turn row's response is its trajectory, turn by turn."""
+    if column == "response" and row.get("trajectory"):
+        return trajectory_html(row["trajectory"])
+    return _cell(row.get(column))
 
 
 def _cell(value: Any) -> str:
