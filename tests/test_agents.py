@@ -267,8 +267,8 @@ def test_the_trainers_log_probs_of_a_multi_turn_trajectory_equal_the_engines_at_
         assert (log_probs[~policy] == 0).all()
 
 
-def test_a_calculator_lab_rolls_out_trajectories_cell_by_cell_and_a_step_counts_turns_calls_and_endings(model_dir,
-                                                                                                       tmp_path):
+def test_a_calculator_lab_rolls_out_trajectories_cell_by_cell_counts_turns_calls_and_endings_and_shows_them(
+        model_dir, tmp_path):
     from hybridflow_lab.trainer.lab import Lab
     from tests.test_lab import local_overrides
 
@@ -289,8 +289,45 @@ def test_a_calculator_lab_rolls_out_trajectories_cell_by_cell_and_a_step_counts_
             float(sum(sum(r) for r in lab.last_batch["turn_rewards"])) / len(lab.last_batch))
         steps = lab.telemetry.spans(role="environment")  # every turn of every trajectory answered, on the timeline
         assert len(steps) >= len(batch) + len(lab.last_batch) and {s.name for s in steps} <= {"tool", "environment"}
+        graph = lab.graph()  # each generation's environment is a node before the reward, with its calls
+        stage_of = {node.key: node.stage for node in graph.nodes}
+        environments = [node for node in graph.nodes if node.stage == "environment"]
+        assert len(environments) == 2 and {node.model for node in environments} == {"environment"}
+        assert sum(node.calls for node in environments) == sum(s.name == "tool" for s in steps if s.step == graph.step)
+        edges = {(stage_of[e.source], stage_of[e.target]) for e in graph.edges}
+        assert {("generate", "environment"), ("environment", "reward")} <= edges
+        shown = lab.show(rows=2)  # turn by turn: the policy's turns trained on, observations marked as context
+        assert list(shown.data["trajectory"][0][0]) == ["role", "text", "trained", "reward"]
+        page = shown.to_html()
+        assert "policy · trained · reward" in page and page.count("context, not trained on") == sum(
+            part["role"] != "policy" for row in shown.data["trajectory"] for part in row)
         assert set(lab.evaluate()) == {"eval/accuracy", "eval/score", "eval/response_length", "eval/agent/tool_use",
                                        "eval/agent/calls/ok_share", "eval/agent/turns/mean"}
         assert set(lab.last_eval["ended"]) <= {"answer", "turns", "tokens"}
     finally:
         lab.shutdown()
+
+
+def test_the_python_tool_runs_code_in_a_child_process_and_reports_what_it_printed_or_its_error():
+    from hybridflow_lab.agents.python_tool import python_tool
+
+    tool = python_tool(timeout_s=5)
+    assert tool({"code": "print(2**100)"}) == str(2**100)
+    assert tool({"code": "import os; print(os.getpid() != %d)" % __import__("os").getpid()}) == "True"
+    assert tool({"code": "1/0"}) == "error: ZeroDivisionError: division by zero"
+    assert tool({"code": "x = 3"}) == "(nothing printed: print the result)"
+    assert tool.name == "python" and list(tool.parameters) == ["code"]
+
+
+def test_the_python_tool_refuses_network_and_processes_and_stops_runaway_code():
+    from hybridflow_lab.agents.python_tool import python_tool
+
+    tool = python_tool(timeout_s=2, memory_mb=256)
+    network = tool({"code": "import socket; socket.create_connection(('127.0.0.1', 9))"})
+    assert network.startswith("error: PermissionError: socket.") and "not allowed" in network
+    assert "subprocess.Popen is not allowed" in tool({"code": "import subprocess; subprocess.run(['ls'])"})
+    assert "os.system is not allowed" in tool({"code": "import os; os.system('ls')"})
+    assert "import ctypes is not allowed" in tool({"code": "import ctypes"})
+    assert "MemoryError" in tool({"code": "x = bytearray(512 * 2**20); print(len(x))"})
+    assert tool({"code": "print('started', flush=True)\nwhile True: pass"}) == (
+        "started\nerror: the code ran past 2 s and was stopped")  # the loop never ends: the child is killed

@@ -30,7 +30,8 @@ resource.setrlimit(resource.RLIMIT_CPU, (int(sys.argv[2]), int(sys.argv[2])))
 source = sys.stdin.read()
 def refuse(event, args):
     if event.startswith({BLOCKED_EVENTS!r}) or (event == "import" and args[0] in {BLOCKED_IMPORTS!r}):
-        raise PermissionError(f"{{event}} is not allowed in the Python tool")
+        what = f"import {{args[0]}}" if event == "import" else event
+        raise PermissionError(f"{{what}} is not allowed in the Python tool")
 sys.addaudithook(refuse)
 del refuse, resource
 exec(compile(source, "<tool>", "exec"), {{"__name__": "__main__"}})
