@@ -3,6 +3,7 @@ trajectories and their masks, and the multi-turn loop's endings."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -228,6 +229,16 @@ def test_a_stop_string_is_detected_at_the_token_that_completes_it():
         assert bool(stop.completed(torch.tensor([ids]), torch.tensor(ids[-1:]))[0]) is completes, text
 
 
+def test_a_special_tokens_text_does_not_complete_a_stop_string():
+    """As vLLM decodes for its stop strings: a special token (here ``<bos>``) is no text, so ``<`` is not in it."""
+    tokenizer = char_tokenizer()
+    stop = StopStrings(tokenizer, ("<",))
+    ids = [*tokenizer("ab", add_special_tokens=False)["input_ids"], tokenizer.bos_token_id]
+    assert not stop.completed(torch.tensor([ids]), torch.tensor(ids[-1:]))[0]
+    less = tokenizer("<", add_special_tokens=False)["input_ids"]
+    assert stop.completed(torch.tensor([ids + less]), torch.tensor(less))[0]
+
+
 @pytest.mark.parametrize("remove_padding", [False, True])
 def test_the_trainers_log_probs_of_a_multi_turn_trajectory_equal_the_engines_at_every_policy_token(model_dir,
                                                                                                  remove_padding):
@@ -313,7 +324,7 @@ def test_the_python_tool_runs_code_in_a_child_process_and_reports_what_it_printe
 
     tool = python_tool(timeout_s=5)
     assert tool({"code": "print(2**100)"}) == str(2**100)
-    assert tool({"code": "import os; print(os.getpid() != %d)" % __import__("os").getpid()}) == "True"
+    assert tool({"code": f"import os; print(os.getpid() != {os.getpid()})"}) == "True"  # another process
     assert tool({"code": "1/0"}) == "error: ZeroDivisionError: division by zero"
     assert tool({"code": "x = 3"}) == "(nothing printed: print the result)"
     assert tool.name == "python" and list(tool.parameters) == ["code"]
@@ -331,3 +342,12 @@ def test_the_python_tool_refuses_network_and_processes_and_stops_runaway_code():
     assert "MemoryError" in tool({"code": "x = bytearray(512 * 2**20); print(len(x))"})
     assert tool({"code": "print('started', flush=True)\nwhile True: pass"}) == (
         "started\nerror: the code ran past 2 s and was stopped")  # the loop never ends: the child is killed
+
+
+def test_the_configs_multi_turn_tasks_are_the_bundled_tasks_with_tools():
+    """The config sizes vLLM's context and the token budgets for trajectories by this list (config can't import
+    the tasks)."""
+    from hybridflow_lab.config.sequence_length import MULTI_TURN_TASKS
+    from hybridflow_lab.tasks import TASKS
+
+    assert set(MULTI_TURN_TASKS) == {name for name, task in TASKS.items() if getattr(task, "tools", ())}

@@ -377,6 +377,8 @@ OVERRIDE_CASES = [
          "set task.name=reasoning_gym to train on it"),
     Case("unknown_bundled_tool", ["agent.tools=[calc, shell]"], ConfigError, ("agent.tools", "'shell'"),
          "bundled tools: calc, python"),
+    Case("trajectories_past_the_models_positions", ["task.name=calculator", "agent.max_tokens=4096"], ConfigError,
+         ("agent.max_tokens", "rollout.max_prompt_tokens + agent.max_tokens", "2048 positions"), "lower them to fit"),
     Case("task_prompts_too_long", ["task.digits=20"], ConfigError,
          ("rollout.max_prompt_tokens", "arithmetic task's held-out prompt"), "or lower task.digits"),
     Case("grpo_one_sample_per_prompt", ["batch.samples_per_prompt=1", "batch.update_minibatch_sequences=16"],

@@ -16,6 +16,15 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from hybridflow_lab.agents import (
+    CALL_FORMATS,
+    AgentLimits,
+    ObservationRenderer,
+    StepResult,
+    Trajectory,
+    run_episodes,
+)
+from hybridflow_lab.agents.trajectory import left_padded
 from hybridflow_lab.config import ConfigError, LabConfig, load_config
 from hybridflow_lab.dataflows import check_config
 from hybridflow_lab.engines import SamplingParams
@@ -25,6 +34,7 @@ from hybridflow_lab.engines.weight_fingerprint import WeightSyncError, fingerpri
 from hybridflow_lab.models import char_tokenizer, create_model_dir, load_causal_lm
 from hybridflow_lab.models.causal_lm import checkpoint_weights
 from hybridflow_lab.protocol import DataBatch
+from hybridflow_lab.tasks.base import Example
 from tests.test_workers import prompts
 
 pytest.importorskip("vllm", reason="vLLM's CPU build is not installed: `make lab` or `make test` installs it")
@@ -33,6 +43,7 @@ from hybridflow_lab.engines.vllm_rollout import VllmRollout, VllmSettings
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm_engine")]  # one engine for the module
 TOKENIZER = char_tokenizer()
 NEW_TOKENS = 12
+AGENT_TOKENS = 40  # a multi-turn trajectory after its prompt: turns and observations
 
 
 MODEL_SEED = 3  # conftest's model_dir builds this module's tiny model with it
@@ -42,7 +53,7 @@ MODEL_SEED = 3  # conftest's model_dir builds this module's tiny model with it
 def engine(model_dir):
     """One in-process vLLM engine for the module (it takes ~10-20 s to start)."""
     return VllmRollout(model_dir, SamplingParams(max_new_tokens=NEW_TOKENS), TOKENIZER.eos_token_id,
-                       TOKENIZER.pad_token_id, VllmSettings(dtype=torch.float32, max_model_len=8 + NEW_TOKENS))
+                       TOKENIZER.pad_token_id, VllmSettings(dtype=torch.float32, max_model_len=8 + AGENT_TOKENS))
 
 
 @pytest.fixture
@@ -83,6 +94,51 @@ def test_the_eos_token_stops_a_response_and_is_kept(engine, model):
     assert length <= 4 and theirs["responses"][0, length - 1] == eos
     assert torch.equal(theirs["response_mask"], ours["response_mask"])
     assert torch.equal(theirs["responses"], ours["responses"])
+
+
+class Replying:
+    """An environment that answers every turn with a user message, so every trajectory is multi-turn."""
+
+    def reset(self, example: Example) -> str:
+        return example.prompt
+
+    def step(self, action: str) -> StepResult:
+        return StepResult("ok", role="user")
+
+
+def episodes(generate_turn, stop: tuple[str, ...]) -> list[Trajectory]:
+    batch = prompts()
+
+    def turn(contexts: list[list[int]], max_new_tokens: int, _: int) -> list[tuple[list[int], list[float]]]:
+        ids, mask = left_padded(contexts, TOKENIZER.pad_token_id)
+        out = generate_turn(ids, mask, SamplingParams(max_new_tokens=max_new_tokens, greedy=True, stop=stop))
+        real = out["response_mask"].bool()
+        return [(row[keep].tolist(), logp[keep].tolist())
+                for row, keep, logp in zip(out["responses"], real, out["rollout_log_probs"], strict=True)]
+
+    examples = [Example(text, "", "test") for text in batch["prompt_text"]]
+    renderer = ObservationRenderer(TOKENIZER, CALL_FORMATS["plain"], chat=False)
+    return run_episodes(turn, [Replying() for _ in examples], examples,
+                        lambda text: TOKENIZER(text, add_special_tokens=False)["input_ids"], renderer,
+                        TOKENIZER.eos_token_id, AgentLimits(max_turns=3, max_tokens=AGENT_TOKENS, max_new_tokens=8))
+
+
+def test_multi_turn_trajectories_are_the_built_in_engines_greedily_stop_strings_and_observations_included(engine,
+                                                                                                        model):
+    """The agent loop on each engine: the same turns (tokens, where a stop string ended them) and log-probs."""
+    torch_engine = TorchRollout(model, SamplingParams(), TOKENIZER.eos_token_id, TOKENIZER.pad_token_id,
+                                tokenizer=TOKENIZER)
+    written = [turn.text for t in episodes(torch_engine.generate, ()) for turn in t.turns]
+    stop = (next(text for text in written if len(text) >= 4)[2],)  # written mid-turn: turns now end at it
+    ours, theirs = episodes(torch_engine.generate, stop), episodes(engine.generate, stop)
+    assert any(turn.text.endswith(stop[0]) for t in ours for turn in t.turns)  # some turns ended at the stop
+    assert all(len(t.turns) > 1 for t in ours)  # and every trajectory went on after an observation
+    for mine, vllm_s in zip(ours, theirs, strict=True):
+        assert [turn.ids for turn in vllm_s.turns] == [turn.ids for turn in mine.turns]
+        assert [turn.observation_ids for turn in vllm_s.turns] == [turn.observation_ids for turn in mine.turns]
+        assert vllm_s.ended == mine.ended
+        torch.testing.assert_close([p for turn in vllm_s.turns for p in turn.log_probs],
+                                   [p for turn in mine.turns for p in turn.log_probs], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize(("temperature", "top_k"), [(1.0, 0), (0.7, 5)])

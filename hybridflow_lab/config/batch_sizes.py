@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from hybridflow_lab.config.loading import ConfigError
 from hybridflow_lab.config.schema import BatchConfig, LabConfig
+from hybridflow_lab.config.sequence_length import longest_sequence
 
 MINIBATCH, MICRO_BATCH = "batch.update_minibatch_sequences", "batch.micro_batch_sequences_per_rank"
 
@@ -63,7 +64,7 @@ def _current(batch: BatchConfig, key: str) -> int:
 def check_batch_sizes(config: LabConfig, data_parallel: Mapping[str, int]) -> None:
     """Raise one ``ConfigError`` naming every conflict among the batch sizes and the values that resolve them all;
     the token budget of a micro-batch must hold the longest sequence."""
-    batch, rollout = config.batch, config.rollout
+    batch = config.batch
     conflicts = batch_conflicts(batch, data_parallel)
     if conflicts:
         together = " ".join(f"{key}={value}" for key, value in consistent_batch(batch, data_parallel).items())
@@ -73,11 +74,10 @@ def check_batch_sizes(config: LabConfig, data_parallel: Mapping[str, int]) -> No
         listed = "\n".join(f"  {key}: {problem}" for key, problem in conflicts)
         raise ConfigError(conflicts[0][0], f"{len(conflicts)} batch-size conflicts:\n{listed}\nset together, so "
                           f"that every batch-size rule holds: {together}")
-    budget, longest = batch.micro_batch_tokens_per_rank, rollout.max_prompt_tokens + rollout.max_new_tokens
+    budget, (longest, bound) = batch.micro_batch_tokens_per_rank, longest_sequence(config)
     if 0 < budget < longest:
         raise ConfigError(
             "batch.micro_batch_tokens_per_rank",
-            f"{budget} tokens cannot hold one sequence of up to {longest} (rollout.max_prompt_tokens "
-            f"{rollout.max_prompt_tokens} + rollout.max_new_tokens {rollout.max_new_tokens}); use at least {longest} "
+            f"{budget} tokens cannot hold one sequence of up to {longest} = {bound}; use at least {longest} "
             f"(a few sequences' worth, e.g. {4 * longest}), or 0 to size micro-batches by sequences",
         )

@@ -14,6 +14,7 @@ import torch
 from transformers import PretrainedConfig
 
 from hybridflow_lab.config import ConfigError, LabConfig, LoraConfig
+from hybridflow_lab.config.sequence_length import longest_sequence, multi_turn
 from hybridflow_lab.models.causal_lm import linear_layer_names
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
 from hybridflow_lab.models.factory import load_config
@@ -184,14 +185,14 @@ def _check_generation(config: LabConfig) -> None:
     _check_shardable(model, "actor.engine.tensor_parallel", config.actor.engine.tensor_parallel)
     _check_shardable(model, "rollout.tensor_parallel", rollout.tensor_parallel)
     context = getattr(model, "max_position_embeddings", None)
-    if context and rollout.max_prompt_tokens + rollout.max_new_tokens > context:
-        raise ConfigError("rollout.max_prompt_tokens", f"{rollout.max_prompt_tokens} prompt tokens + "
-                          f"rollout.max_new_tokens={rollout.max_new_tokens} is more than the {context} positions of "
-                          f"{config.actor.model_path} (config.json's max_position_embeddings); lower them to fit")
-    window = window_refusal(model, rollout.max_prompt_tokens + rollout.max_new_tokens)
+    longest, bound = longest_sequence(config)
+    if context and longest > context:
+        key = "agent.max_tokens" if multi_turn(config) else "rollout.max_prompt_tokens"
+        raise ConfigError(key, f"{bound} is more than the {context} positions of {config.actor.model_path} "
+                          "(config.json's max_position_embeddings); lower them to fit")
+    window = window_refusal(model, longest)
     if window:
-        raise ConfigError("rollout.max_new_tokens", f"{window}; lower rollout.max_prompt_tokens + "
-                          "rollout.max_new_tokens to fit in it")
+        raise ConfigError("rollout.max_new_tokens", f"{window}; lower {bound} to fit in it")
     if rollout.decoding == "onednn":
         _check_onednn(config, model)
     if rollout.decoding != "eager":

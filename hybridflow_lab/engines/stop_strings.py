@@ -2,7 +2,8 @@
 
 The stop string stays in the response (vLLM's ``include_stop_str_in_output``): a multi-turn rollout trains on
 exactly the tokens the policy sampled, the ones that closed a tool call included. Only rows whose new token
-could end a stop string (its text holds one's last character) decode their last few tokens.
+could end a stop string (its text holds one's last character) decode their last few tokens. Special tokens
+count as no text (as vLLM decodes for its stop strings): ``<bos>`` does not complete a stop string ``<``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ class StopStrings:
             raise ValueError(f"stop strings must be non-empty, got {list(strings)!r}")
         self.strings = tuple(strings)
         self.tokenizer = tokenizer
-        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
         last = {s[-1] for s in self.strings}
         self.candidates = torch.tensor([any(c in text for c in last) for text in texts])
         self.window = max(len(s) for s in self.strings) + 1  # a token holds at least one character
@@ -32,7 +33,8 @@ class StopStrings:
         done = torch.zeros(len(tokens), dtype=torch.bool, device=tokens.device)
         for row in self.candidates[tokens.cpu()].nonzero().flatten().tolist():
             tail = generated[row, -self.window:].tolist()
-            text, before = self.tokenizer.decode(tail), self.tokenizer.decode(tail[:-1])
+            text = self.tokenizer.decode(tail, skip_special_tokens=True)
+            before = self.tokenizer.decode(tail[:-1], skip_special_tokens=True)
             done[row] = any(s in text and s not in before for s in self.strings)
         return done
 

@@ -17,6 +17,7 @@ from hybridflow_lab.algorithms.losses import aggregate, loss_units, ppo_policy_l
 from hybridflow_lab.algorithms.registry import POLICY_LOSS_KEYWORDS, PolicyLoss, get_policy_loss
 from hybridflow_lab.algorithms.rollout_correction import is_level, rollout_correction
 from hybridflow_lab.config import LabConfig
+from hybridflow_lab.config.sequence_length import longest_sequence
 from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.controller.mesh import Mesh
 from hybridflow_lab.dataflows import RunNeeds
@@ -57,13 +58,14 @@ def sampling_params(config: LabConfig, **overrides: object) -> SamplingParams:
 
 def vllm_settings(config: LabConfig, replica: int, sleeps: bool = True) -> VllmSettings:
     """The vLLM engine for this actor: the training dtype unless ``rollout.dtype`` names one, a context of
-    the prompt and response budgets, a seed per generation replica (the ranks of one vLLM TP group sample
-    the same tokens, replicas different ones); ``sleeps`` between generations where it shares the trainer's GPU."""
+    the longest sequence (the prompt and response budgets, or a multi-turn trajectory's), a seed per generation
+    replica (the ranks of one vLLM TP group sample the same tokens, replicas different ones); ``sleeps`` between
+    generations where it shares the trainer's GPU."""
     from hybridflow_lab.engines.vllm_rollout import VllmSettings
 
     rollout = config.rollout
     dtype = rollout.dtype or ("bfloat16" if config.actor.engine.bf16 else "float32")
-    return VllmSettings(dtype=getattr(torch, dtype), max_model_len=rollout.max_prompt_tokens + rollout.max_new_tokens,
+    return VllmSettings(dtype=getattr(torch, dtype), max_model_len=longest_sequence(config)[0],
                         tensor_parallel=rollout.tensor_parallel, gpu_memory_utilization=rollout.gpu_memory_utilization,
                         kv_cache_gib=rollout.kv_cache_gib, seed=config.seed + replica,
                         verify_sync=rollout.verify_weight_sync, enforce_eager=rollout.enforce_eager, sleeps=sleeps)
