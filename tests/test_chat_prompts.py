@@ -52,6 +52,28 @@ def test_worked_examples_become_earlier_turns_or_lines():
     assert PromptFormat(system_prompt="Add.", shots=shots).render(tokenizer, ["3+3="]) == ["Add.\n1+1=2\n2+2=4\n3+3="]
 
 
+def test_tools_reach_a_template_that_renders_them_and_a_description_reaches_one_that_does_not(chat_model,
+                                                                                              tmp_path):
+    from hybridflow_lab.agents import CALL_FORMATS, as_tool
+    from hybridflow_lab.tasks.calculator import calc
+
+    schema = as_tool(calc).schema
+    described = PromptFormat(chat=True, tools=(schema,), tools_text="Call [calc expression].")
+    tokenizer = chat_tokenizer()  # its template ignores tools=: the description is the system turn
+    assert described.render(tokenizer, ["2*3="]) == ["<system>Call [calc expression].\n<user>2*3=\n<assistant>"]
+    tokenizer.chat_template = "{% if tools %}<tools>{{ tools | map(attribute='function.name') | join(',') }}\n" \
+                              "{% endif %}" + TEMPLATE  # renders them, as Qwen's does
+    assert described.render(tokenizer, ["2*3="]) == ["<tools>calc\n<user>2*3=\n<assistant>"]
+    assert PromptFormat(tools=(schema,), tools_text="Call it.").render(tokenizer, ["2*3="]) == ["Call it.\n2*3="]
+    # a Lab whose task has tools describes them in its call format's words, unless agent.describe_tools=false
+    lab = Lab("calculator_grpo", overrides=local_overrides(chat_model, tmp_path / "run", "task.digits=1",
+                                                           "agent.describe_tools=true", "rollout.max_prompt_tokens=400",
+                                                           "agent.max_tokens=48", "task.eval_size=2"), start=False)
+    assert lab.task.prompt_format.tools_text == CALL_FORMATS["plain"].describe([schema])
+    assert "[calc expression]: Evaluate an arithmetic expression" in lab.task.prompt_format.render(
+        lab.tokenizer, ["2*3="])[0]
+
+
 def test_few_shot_prompts_show_the_tasks_demonstrations_from_their_own_seed(chat_model, tmp_path):
     lab = Lab("arithmetic_grpo", overrides=local_overrides(chat_model, tmp_path / "run", "task.few_shot=2",
                                                           "rollout.max_prompt_tokens=100"), start=False)
@@ -106,7 +128,7 @@ def test_a_prompt_too_long_once_templated_fails_before_start_naming_the_key(chat
 
 
 def test_prompt_and_response_budgets_beyond_the_models_context_fail_before_start(plain_model, tmp_path):
-    with pytest.raises(ConfigError, match=r"rollout\.max_prompt_tokens: 8 prompt tokens \+ "
-                                          r"rollout\.max_new_tokens=2041 is more than the 2048 positions"):
+    with pytest.raises(ConfigError, match=r"rollout\.max_prompt_tokens: rollout\.max_prompt_tokens \+ "
+                                          r"rollout\.max_new_tokens \(8 \+ 2041\) is more than the 2048 positions"):
         Lab("arithmetic_grpo", overrides=local_overrides(plain_model, tmp_path, "rollout.max_new_tokens=2041"),
             start=False)

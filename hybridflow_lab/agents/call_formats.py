@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,6 +42,11 @@ class CallFormat(Protocol):
         """A tool's result as the text that follows the call, for a model without a chat template."""
         ...
 
+    def describe(self, schemas: Sequence[dict[str, Any]]) -> str:
+        """The tools (OpenAI-format ``schemas``) and how to call them, for a prompt whose chat template does not
+        render tools itself."""
+        ...
+
 
 @dataclass(frozen=True)
 class HermesFormat:
@@ -67,6 +73,12 @@ class HermesFormat:
     def result_text(self, result: str) -> str:
         return f"\n<tool_response>\n{result}\n</tool_response>\n"
 
+    def describe(self, schemas: Sequence[dict[str, Any]]) -> str:
+        listed = "\n".join(json.dumps(schema) for schema in schemas)
+        return (f"You may call tools. Their signatures, one per line:\n<tools>\n{listed}\n</tools>\nTo call one, "
+                'write <tool_call>{"name": <tool name>, "arguments": <arguments as a JSON object>}</tool_call>; '
+                "its result follows in <tool_response></tool_response>. Without a call, your reply is the answer.")
+
 
 @dataclass(frozen=True)
 class PlainFormat:
@@ -84,6 +96,15 @@ class PlainFormat:
 
     def result_text(self, result: str) -> str:
         return f" -> {result}\n"
+
+    def describe(self, schemas: Sequence[dict[str, Any]]) -> str:
+        lines = []
+        for schema in schemas:
+            function = schema["function"]
+            names = ", ".join(function["parameters"].get("properties", {}))
+            lines.append(f"[{function['name']} {names}]: {function.get('description', '')}")
+        return ("You may call tools by writing [name arguments], arguments separated by commas in the order shown; "
+                "the result follows after ->. Without a call, your reply is the answer.\n" + "\n".join(lines))
 
 
 CALL_FORMATS: dict[str, CallFormat] = {"hermes": HermesFormat(), "plain": PlainFormat()}

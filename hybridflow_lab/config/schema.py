@@ -260,6 +260,7 @@ class AgentConfig:
 
     tools: tuple[str, ...] = ()  # bundled tools (calc, python) added to the task's own: any task becomes multi-turn
     call_format: Literal["plain", "hermes"] = "plain"  # how calls are written: [name args] or <tool_call>{json}
+    describe_tools: bool = True  # prompts describe the tools (the chat template's tools=, or the call format's text)
     max_turns: int = 4  # policy turns per trajectory
     max_tokens: int = 128  # tokens after the prompt: the policy's turns and the observations between them
     tool_timeout_s: float = 10.0  # a call with no result by then is a timeout (an error observation)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -28,18 +29,31 @@ class PromptFormat:
     chat: bool = False
     system_prompt: str = ""
     shots: tuple[tuple[str, str], ...] = ()
+    tools: tuple[dict[str, Any], ...] = ()  # the tools' OpenAI-format schemas, for the chat template's ``tools=``
+    tools_text: str = ""  # the tools described in text, where the template does not render ``tools`` (or raw)
 
     def render(self, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[str]:
-        """The model-facing text of each prompt (special tokens written out, e.g. ``<|im_start|>``)."""
+        """The model-facing text of each prompt (special tokens written out, e.g. ``<|im_start|>``). Tools go
+        through the chat template where it renders them, else ``tools_text`` joins the system prompt."""
+        native = self.chat and bool(self.tools) and renders_tools(tokenizer, self.tools)
+        system = "\n\n".join(part for part in (self.system_prompt, "" if native else self.tools_text) if part)
         if not self.chat:
-            head = "".join(f"{line}\n" for line in [self.system_prompt] if line)
+            head = "".join(f"{line}\n" for line in [system] if line)
             head += "".join(f"{prompt}{answer}\n" for prompt, answer in self.shots)
             return [head + text for text in texts]
-        turns = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        turns = [{"role": "system", "content": system}] if system else []
         for prompt, answer in self.shots:
             turns += [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+        tools = {"tools": list(self.tools)} if native else {}
         return [tokenizer.apply_chat_template([*turns, {"role": "user", "content": text}], tokenize=False,
-                                              add_generation_prompt=True) for text in texts]
+                                              add_generation_prompt=True, **tools) for text in texts]
+
+
+def renders_tools(tokenizer: PreTrainedTokenizerBase, tools: Sequence[dict[str, Any]]) -> bool:
+    """Whether the tokenizer's chat template writes ``tools`` into the prompt (many ignore the argument)."""
+    turn = [{"role": "user", "content": "."}]
+    with_tools = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True, tools=list(tools))
+    return with_tools != tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
 
 
 RAW = PromptFormat()

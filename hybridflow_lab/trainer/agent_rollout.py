@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
@@ -32,11 +33,13 @@ AGENT_COLUMNS = ("answer_text", "turns", "turn_rewards", "tool_calls", "ended", 
 
 @dataclass
 class AgentSetup:
-    """A task's multi-turn side: a fresh environment per trajectory, how calls are written, the loop's limits."""
+    """A task's multi-turn side: a fresh environment per trajectory, how calls are written, the loop's limits, and
+    the tools' schemas (what the prompt describes)."""
 
     make_env: Callable[[], Environment]
     call_format: CallFormat
     limits: AgentLimits
+    schemas: tuple[dict[str, Any], ...] = ()
 
 
 class AgentRollout:

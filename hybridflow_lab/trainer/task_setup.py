@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -140,15 +140,19 @@ def _bundled_setup(config: LabConfig, tokenizer: PreTrainedTokenizerBase, cost: 
     except (TypeError, ValueError) as exc:
         setting = str(exc).split()[0]  # the tasks' messages start with the bad setting's name
         raise ConfigError(f"task.{setting}" if hasattr(task_config, setting) else "task.name", str(exc)) from None
+    tools = getattr(task, "tools", ())
+    agent = tool_agent(config, tools, task.reward) if tools or config.agent.tools else None
     prompt_format = _prompt_format(config, tokenizer, task)
+    if agent is not None and config.agent.describe_tools:
+        prompt_format = replace(prompt_format, tools=agent.schemas,
+                                tools_text=agent.call_format.describe(agent.schemas))
     evaluation = held_out(task, task_config.eval_size, seed)
     length_setting = PROMPT_LENGTH_SETTING.get(task_config.name, "the task's settings")
+    described = ", or agent.describe_tools=false" if prompt_format.tools else ""
     _check_prompt_lengths(config, tokenizer, prompt_format,
                           [(f"the {task_config.name} task's held-out prompt {e.prompt!r}", e.prompt)
-                           for e in evaluation], f"or lower {length_setting}")
-    tools = getattr(task, "tools", ())
-    return TaskSetup(PromptSource(task, seed), task.reward, evaluation, prompt_format, task, cost,
-                     agent=tool_agent(config, tools, task.reward) if tools or config.agent.tools else None)
+                           for e in evaluation], f"or lower {length_setting}{described}")
+    return TaskSetup(PromptSource(task, seed), task.reward, evaluation, prompt_format, task, cost, agent=agent)
 
 
 def tool_agent(config: LabConfig, tools: Sequence[Any], reward: RuleFn) -> AgentSetup:
@@ -166,7 +170,8 @@ def tool_agent(config: LabConfig, tools: Sequence[Any], reward: RuleFn) -> Agent
     except ValueError as exc:
         raise ConfigError("agent.tools" if added else "task.name", str(exc)) from None
     return AgentSetup(lambda: ToolEnvironment(table.values(), call_format, reward, policy), call_format,
-                      AgentLimits(agent.max_turns, agent.max_tokens, config.rollout.max_new_tokens))
+                      AgentLimits(agent.max_turns, agent.max_tokens, config.rollout.max_new_tokens),
+                      tuple(tool.schema for tool in table.values()))
 
 
 def _check_prompt_lengths(config: LabConfig, tokenizer: PreTrainedTokenizerBase, prompt_format: PromptFormat,
