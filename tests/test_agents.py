@@ -21,6 +21,7 @@ from hybridflow_lab.agents import (
     run_episodes,
     trajectories_batch,
 )
+from hybridflow_lab.agents.environments import LocalEnvironments
 from hybridflow_lab.algorithms.masked import token_level
 from hybridflow_lab.engines.stop_strings import StopStrings
 from hybridflow_lab.models.tokenizers import char_tokenizer, train_bpe_tokenizer
@@ -164,7 +165,7 @@ def test_the_training_tokens_are_the_sampled_tokens_where_decode_then_encode_wou
     policy = [[a, b, space, space, a], tokenizer("END", add_special_tokens=False)["input_ids"]]
     assert len(merged) < len(policy[0])  # a BPE merge ("ab") and merged whitespace: re-encoding changes the ids
     renderer = ObservationRenderer(tokenizer, PLAIN, chat=False)
-    [trajectory] = run_episodes(Scripted(policy), [Echo()], [Example("ab", "", "t")],
+    [trajectory] = run_episodes(Scripted(policy), LocalEnvironments([Echo()]), [Example("ab", "", "t")],
                                 lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], renderer,
                                 tokenizer.eos_token_id, AgentLimits(max_turns=3, max_tokens=64))
     observation = tokenizer("\nb b\n", add_special_tokens=False)["input_ids"]
@@ -182,7 +183,8 @@ def test_observation_tokens_are_context_the_loss_never_trains_on_and_have_no_rol
     renderer = ObservationRenderer(tokenizer, PLAIN, chat=False)
     env = ToolEnvironment([calc], PLAIN, CalculatorTask().reward)
     answer = [tokenizer.convert_tokens_to_ids("6"), tokenizer.eos_token_id]
-    [trajectory] = run_episodes(Scripted([ids, answer]), [env], [Example("2*3=", "6", "calculator")],
+    [trajectory] = run_episodes(Scripted([ids, answer]), LocalEnvironments([env]),
+                                [Example("2*3=", "6", "calculator")],
                                 lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], renderer,
                                 tokenizer.eos_token_id, AgentLimits(max_turns=3, max_tokens=64))
     tensors, columns = trajectories_batch([trajectory], tokenizer.pad_token_id)
@@ -208,8 +210,8 @@ def test_trajectories_end_by_answer_turn_budget_token_budget_or_a_raising_enviro
             raise KeyError("state lost")
 
     def ended(env, limits, turns=(x, x, x)):
-        [trajectory] = run_episodes(Scripted(list(turns)), [env], [Example("q", "", "t")], encode, renderer,
-                                    tokenizer.eos_token_id, limits)
+        [trajectory] = run_episodes(Scripted(list(turns)), LocalEnvironments([env]), [Example("q", "", "t")], encode,
+                                    renderer, tokenizer.eos_token_id, limits)
         return trajectory
 
     assert ended(Echo(), AgentLimits(max_turns=2)).ended == "turns"
@@ -264,7 +266,7 @@ def test_the_trainers_log_probs_of_a_multi_turn_trajectory_equal_the_engines_at_
                 for ids, keep, lp in zip(out["responses"], real, out["rollout_log_probs"], strict=True)]
 
     examples = [Example(f"{n}*7=", str(7 * n), "t") for n in (12, 345, 6)]
-    trajectories = run_episodes(generate, [Echo(reply="ok") for _ in examples], examples,
+    trajectories = run_episodes(generate, LocalEnvironments([Echo(reply="ok") for _ in examples]), examples,
                                 lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
                                 ObservationRenderer(tokenizer, PLAIN, chat=False), tokenizer.eos_token_id,
                                 AgentLimits(max_turns=3, max_tokens=40, max_new_tokens=8))
@@ -351,3 +353,51 @@ def test_the_configs_multi_turn_tasks_are_the_bundled_tasks_with_tools():
     from hybridflow_lab.tasks import TASKS
 
     assert set(MULTI_TURN_TASKS) == {name for name, task in TASKS.items() if getattr(task, "tools", ())}
+
+
+def timed_pid(seconds: float) -> str:
+    """Sleep, then say which process ran the call and when it started and ended.
+
+    Args:
+        seconds: how long to sleep
+    """
+    start = time.time()
+    time.sleep(float(seconds))
+    return f"{os.getpid()} {start} {time.time()}"
+
+
+@pytest.mark.ray
+def test_an_environment_pool_steps_trajectories_on_its_workers_at_once_and_names_a_hung_worker(ray_cluster):
+    from hybridflow_lab.trainer.environment_pool import EnvironmentPoolError, RayEnvironments
+
+    def make_env():
+        return ToolEnvironment([timed_pid], PLAIN, CalculatorTask().reward, ToolPolicy(timeout_s=5.0))
+
+    pool = RayEnvironments(make_env, workers=2, tool_timeout_s=5.0)
+    try:
+        examples = [Example(f"q{i}", "", "t") for i in range(4)]
+        assert pool.reset(examples) == ["q0", "q1", "q2", "q3"]
+        steps = pool.step({i: "[timed_pid 0.5]" for i in range(4)})
+        calls = {i: step.result.observation.split() for i, step in steps.items()}
+        assert {pid for pid, _, _ in calls.values()} == {calls[0][0], calls[1][0]} != {str(os.getpid())}
+        assert calls[0][0] == calls[2][0] != calls[1][0]  # trajectory i stays on worker i % 2
+        assert float(calls[0][1]) < float(calls[1][2]) and float(calls[1][1]) < float(calls[0][2])  # overlapping
+        assert steps[3].result.counts["call_ok"] == 1.0 and not steps[3].failed
+    finally:
+        pool.close()
+
+    class Hanging:
+        def reset(self, example):
+            return example.prompt
+
+        def step(self, action):
+            time.sleep(60)
+
+    hung = RayEnvironments(Hanging, workers=2, tool_timeout_s=0.1, margin_s=1.0)
+    try:
+        hung.reset(examples)
+        with pytest.raises(EnvironmentPoolError, match=r"environment workers \[0, 1\] gave no step answer .*"
+                                                       r"trajectories \[0, 1, 2, 3\]"):
+            hung.step({0: "x", 1: "x", 2: "x", 3: "x"})
+    finally:
+        hung.close()

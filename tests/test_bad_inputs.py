@@ -375,6 +375,8 @@ OVERRIDE_CASES = [
          ("task.dataset_options", "products generator", "min_digitz"), "unexpected keyword argument"),
     Case("generator_for_another_task", ["task.dataset=products"], ConfigError, ("task.dataset", "arithmetic"),
          "set task.name=reasoning_gym to train on it"),
+    Case("tool_workers_without_ray", ["backend=local", "actor.ranks=1", "agent.tool_workers=2"], ConfigError,
+         ("agent.tool_workers", "Ray actors", "'local'"), "use backend=ray, or agent.tool_workers=0"),
     Case("unknown_bundled_tool", ["agent.tools=[calc, shell]"], ConfigError, ("agent.tools", "'shell'"),
          "bundled tools: calc, python"),
     Case("trajectories_past_the_models_positions", ["task.name=calculator", "agent.max_tokens=4096"], ConfigError,

@@ -24,6 +24,7 @@ from hybridflow_lab.agents import (
     Trajectory,
     run_episodes,
 )
+from hybridflow_lab.agents.environments import LocalEnvironments
 from hybridflow_lab.agents.trajectory import left_padded
 from hybridflow_lab.config import ConfigError, LabConfig, load_config
 from hybridflow_lab.dataflows import check_config
@@ -118,7 +119,7 @@ def episodes(generate_turn, stop: tuple[str, ...]) -> list[Trajectory]:
 
     examples = [Example(text, "", "test") for text in batch["prompt_text"]]
     renderer = ObservationRenderer(TOKENIZER, CALL_FORMATS["plain"], chat=False)
-    return run_episodes(turn, [Replying() for _ in examples], examples,
+    return run_episodes(turn, LocalEnvironments([Replying() for _ in examples]), examples,
                         lambda text: TOKENIZER(text, add_special_tokens=False)["input_ids"], renderer,
                         TOKENIZER.eos_token_id, AgentLimits(max_turns=3, max_tokens=AGENT_TOKENS, max_new_tokens=8))
 

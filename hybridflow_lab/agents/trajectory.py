@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridflow_lab.agents.environment import Environment, Role
+from hybridflow_lab.agents.environment import Role
 from hybridflow_lab.models.decoder import positions_from_mask
 from hybridflow_lab.tasks.base import Example
 
@@ -39,11 +39,9 @@ class Turn:
 
 @dataclass
 class Trajectory:
-    """One episode of ``env`` on ``example`` (no environment: a worked demonstration): its prompt ids, its turns,
-    and why it ended."""
+    """One episode on ``example``: its prompt ids, its turns, and why it ended."""
 
     example: Example
-    env: Environment | None
     prompt_ids: list[int]
     turns: list[Turn] = field(default_factory=list)
     ended: str | None = None

@@ -77,6 +77,7 @@ BOUNDS = (
     Bound("agent.max_tokens", ">= 1", _at_least(1), "it bounds each trajectory after its prompt; use e.g. 128"),
     Bound("agent.tool_timeout_s", "> 0", _positive, "use e.g. 10"),
     Bound("agent.max_result_chars", ">= 1", _at_least(1), "use e.g. 2000"),
+    Bound("agent.tool_workers", ">= 0", _at_least(0), "use 0 to run tools on the controller, e.g. 4 for a pool"),
     Bound("algorithm.rollout_is_cap", ">= 1", _at_least(1), "use e.g. 2.0 (weights above it are capped)"),
     Bound("algorithm.rollout_mask_low", "in (0, 1]", _fraction, "use e.g. 0.5"),
     Bound("algorithm.rollout_mask_high", ">= 1", _at_least(1), "use e.g. 2.0"),

@@ -19,6 +19,14 @@ def validate(config: LabConfig, roles: tuple[str, ...] = ("actor", "critic")) ->
     check_batch_sizes(config, data_parallel)
     _check_pools(config, (*roles, "rollout") if config.rollout.pool else roles)  # a rollout group has a pool too
     _check_rollout(config)
+    _check_agent(config)
+
+
+def _check_agent(config: LabConfig) -> None:
+    if config.agent.tool_workers and config.backend != "ray":
+        raise ConfigError("agent.tool_workers", f"is {config.agent.tool_workers}, but its workers are Ray actors and "
+                          f"backend is {config.backend!r}; use backend=ray, or agent.tool_workers=0 to run the tools "
+                          "on the controller")
 
 
 def _check_overlong_buffer(config: LabConfig) -> None:

@@ -266,6 +266,7 @@ class AgentConfig:
     tool_timeout_s: float = 10.0  # a call with no result by then is a timeout (an error observation)
     max_result_chars: int = 2000  # a longer tool result is cut, saying so
     end_on_error: bool = False  # a tool error, timeout or malformed call ends the trajectory with reward 0
+    tool_workers: int = 0  # > 0: environments and tools run on this many Ray actors, trajectories in parallel
 
 
 @dataclass

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from hybridflow_lab.agents import AgentLimits, ObservationRenderer, StepResult, Trajectory, run_episodes
+from hybridflow_lab.agents import AgentLimits, ObservationRenderer, Trajectory, run_episodes
 from hybridflow_lab.agents.call_formats import CallFormat
 from hybridflow_lab.agents.environment import Environment
+from hybridflow_lab.agents.environments import Environments, EnvStep, LocalEnvironments
 from hybridflow_lab.agents.trajectory import ENDINGS, left_padded, trajectories_batch
 from hybridflow_lab.controller import WorkerGroup
 from hybridflow_lab.protocol import DataBatch
@@ -40,6 +41,8 @@ class AgentSetup:
     call_format: CallFormat
     limits: AgentLimits
     schemas: tuple[dict[str, Any], ...] = ()
+    tool_workers: int = 0  # > 0: the environments run on this many Ray actors (trainer.environment_pool)
+    tool_timeout_s: float = 10.0  # each call's limit (the pool's workers are given that per trajectory)
 
 
 class AgentRollout:
@@ -49,6 +52,7 @@ class AgentRollout:
                  telemetry: TelemetryStore) -> None:
         self.setup, self.tokenizer, self.prompt_format, self.telemetry = setup, tokenizer, prompt_format, telemetry
         self.renderer = ObservationRenderer(tokenizer, setup.call_format, prompt_format.chat)
+        self._pool: Any = None  # RayEnvironments, once a rollout asks for it
 
     def run(self, group: WorkerGroup, prompts: DataBatch, n: int, greedy: bool, seed: int | None
             ) -> tuple[DataBatch, dict[str, float]]:
@@ -69,21 +73,37 @@ class AgentRollout:
             return [(ids[keep].tolist(), log_probs[keep].tolist())
                     for ids, keep, log_probs in zip(out["responses"], real, out["rollout_log_probs"], strict=True)]
 
-        def heard(trajectory: Trajectory, result: StepResult, seconds: float) -> None:
-            counts.update(result.counts)
+        def heard(trajectory: Trajectory, step: EnvStep) -> None:
+            counts.update(step.result.counts)
             end = time.time()
-            name = "tool" if result.counts.get("tool_calls") else ENVIRONMENT_ROLE
-            self.telemetry.record([Span(name, Phase.WORKER, end - seconds, end, group=ENVIRONMENT_ROLE,
+            name = "tool" if step.result.counts.get("tool_calls") else ENVIRONMENT_ROLE
+            self.telemetry.record([Span(name, Phase.WORKER, end - step.seconds, end, group=ENVIRONMENT_ROLE,
                                         role=ENVIRONMENT_ROLE, rank=0, attrs={"turn": len(trajectory.turns),
-                                                                              **result.counts})])
+                                                                              **step.result.counts})])
 
-        envs: list[Environment] = [self.setup.make_env() for _ in examples]
-        trajectories = run_episodes(generate, envs, examples, self.encode_prompt, self.renderer,
-                                    self.tokenizer.eos_token_id, self.setup.limits, heard)
+        trajectories = run_episodes(generate, self.environments(len(examples)), examples, self.encode_prompt,
+                                    self.renderer, self.tokenizer.eos_token_id, self.setup.limits, heard)
         tensors, columns = trajectories_batch(trajectories, self.tokenizer.pad_token_id)
         repeated = {k: np.repeat(v, n, axis=0) for k, v in prompts.non_tensors.items()}
         batch = DataBatch(tensors, {**repeated, **columns}, prompts.meta)
         return batch, rollout_metrics(trajectories, counts)
+
+    def environments(self, count: int) -> Environments:
+        """``count`` fresh environments: in this process, or on the pool of ``tool_workers`` Ray actors (started
+        once, kept for the Lab's later rollouts)."""
+        if not self.setup.tool_workers:
+            return LocalEnvironments([self.setup.make_env() for _ in range(count)])
+        if self._pool is None:
+            from hybridflow_lab.trainer.environment_pool import RayEnvironments
+
+            self._pool = RayEnvironments(self.setup.make_env, self.setup.tool_workers, self.setup.tool_timeout_s)
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the environment pool's workers, if any."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def encode_prompt(self, text: str) -> list[int]:
         rendered = self.prompt_format.render(self.tokenizer, [text])[0]

@@ -192,6 +192,7 @@ class Lab:
     def shutdown(self) -> None:
         """Stop the worker groups and close the logs (the Lab can be started again)."""
         self._runner.close()  # stages still running (generation ahead, a weight load) finish first
+        self._stages.close()
         self._groups.shutdown()
         self._loop.close_logs()
 

@@ -165,6 +165,11 @@ class RunStages:
                                        self.runner.telemetry)
         return self._agent.run(group, prompts, n, greedy, seed)
 
+    def close(self) -> None:
+        """Stop what the stages started beside the groups (an agent's environment workers)."""
+        if self._agent is not None:
+            self._agent.close()
+
     # ------------------------------------------------------------------ scores and log-probs
     def _batch_stage(self, stage: Stage, role: str | None, batch: Batch, body: Any, reads: tuple[str, ...] | None,
                      writes: tuple[str, ...], **options: Any) -> Batch:

@@ -52,7 +52,7 @@ def episode_batch(tokenizer: PreTrainedTokenizerBase, task: Task, examples: list
     trajectories = []
     for example in examples:
         prompt = prompt_format.render(tokenizer, [example.prompt])[0]
-        trajectory = Trajectory(example, None, tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        trajectory = Trajectory(example, tokenizer(prompt, add_special_tokens=False)["input_ids"])
         for text, answer in task.episode(example):
             ids = tokenizer(text, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if answer is None
                                                                            else [])

@@ -171,7 +171,7 @@ def tool_agent(config: LabConfig, tools: Sequence[Any], reward: RuleFn) -> Agent
         raise ConfigError("agent.tools" if added else "task.name", str(exc)) from None
     return AgentSetup(lambda: ToolEnvironment(table.values(), call_format, reward, policy), call_format,
                       AgentLimits(agent.max_turns, agent.max_tokens, config.rollout.max_new_tokens),
-                      tuple(tool.schema for tool in table.values()))
+                      tuple(tool.schema for tool in table.values()), agent.tool_workers, agent.tool_timeout_s)
 
 
 def _check_prompt_lengths(config: LabConfig, tokenizer: PreTrainedTokenizerBase, prompt_format: PromptFormat,
