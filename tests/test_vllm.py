@@ -121,7 +121,7 @@ def episodes(generate_turn, stop: tuple[str, ...]) -> list[Trajectory]:
     renderer = ObservationRenderer(TOKENIZER, CALL_FORMATS["plain"], chat=False)
     return run_episodes(turn, LocalEnvironments([Replying() for _ in examples]), examples,
                         lambda text: TOKENIZER(text, add_special_tokens=False)["input_ids"], renderer,
-                        TOKENIZER.eos_token_id, AgentLimits(max_turns=3, max_tokens=AGENT_TOKENS, max_new_tokens=8))
+                        AgentLimits(max_turns=3, max_tokens=AGENT_TOKENS, max_new_tokens=8))
 
 
 def test_multi_turn_trajectories_are_the_built_in_engines_greedily_stop_strings_and_observations_included(engine,

@@ -2,8 +2,9 @@
 tokens, and go on until every trajectory has ended.
 
 A turn ends at EOS, at the call format's stop string (kept), or after ``max_new_tokens``. A trajectory ends when its
-environment says so or its turn ended with EOS (``answer``), after ``max_turns`` turns (``turns``), when the next
-observation would not fit in ``max_tokens`` (``tokens``), or when its environment raised (``error``, reward 0).
+environment says so (``answer``; a tool environment does at a turn without a call, a user-like one may answer a
+turn that ended with EOS), after ``max_turns`` turns (``turns``), when the next observation would not fit in
+``max_tokens`` (``tokens``), or when its environment raised (``error``, reward 0).
 The loop knows no engine: ``generate`` samples one turn for a list of contexts (token ids), and ``environments``
 answer each turn's live trajectories together (in this process, or on a pool of workers).
 """
@@ -34,8 +35,7 @@ class AgentLimits:
 
 
 def run_episodes(generate: GenerateTurn, environments: Environments, examples: Sequence[Example],
-                 encode_prompt: Callable[[str], list[int]], renderer: ObservationRenderer,
-                 eos_token_id: int | None, limits: AgentLimits,
+                 encode_prompt: Callable[[str], list[int]], renderer: ObservationRenderer, limits: AgentLimits,
                  on_step: Callable[[Trajectory, EnvStep], None] | None = None) -> list[Trajectory]:
     """One trajectory per example (``environments``' ``i``-th takes example ``i``); ``on_step(trajectory, step)``
     hears each environment step (the Lab's spans and metrics)."""
@@ -62,7 +62,7 @@ def run_episodes(generate: GenerateTurn, environments: Environments, examples: S
             trajectory.turns.append(turn)
             if trajectory.ended:
                 continue
-            if result.done or (turn.ids and turn.ids[-1] == eos_token_id):
+            if result.done:  # the environment decides: a chat turn ends with EOS and a user may answer it
                 trajectory.ended = "answer"
             elif turn_index == limits.max_turns - 1:
                 trajectory.ended = "turns"

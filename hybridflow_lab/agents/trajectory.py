@@ -88,20 +88,35 @@ def episode_scores(turn_rewards: Sequence[Sequence[float]]) -> torch.Tensor:
     return torch.tensor([sum(rewards) for rewards in turn_rewards], dtype=torch.float32)
 
 
+def turn_level(turn_rewards: Sequence[Sequence[float]], turn_ends: Sequence[Sequence[int]], width: int
+               ) -> torch.Tensor:
+    """``[rows, width]`` token rewards: each turn's reward on its last policy token (``turn_ends``), zeros
+    elsewhere: per-turn credit for GAE, where ``token_level`` puts the whole episode's score on its last token."""
+    rewards = torch.zeros(len(turn_rewards), width)
+    for row, (turns, ends) in enumerate(zip(turn_rewards, turn_ends, strict=True)):
+        for reward, end in zip(turns, ends, strict=True):
+            if end >= 0:
+                rewards[row, end] += reward
+    return rewards
+
+
 def trajectories_batch(trajectories: list[Trajectory], pad_token_id: int) -> tuple[dict[str, torch.Tensor],
                                                                                    dict[str, Any]]:
     """The training layout of ``trajectories`` (``prompts | responses`` with the masks above) and their per-row
     columns: ``response_text`` (the whole trajectory as the policy read it), ``answer_text`` (the last turn),
-    ``turns``, ``turn_rewards``, ``tool_calls`` and ``ended``."""
+    ``turns``, ``turn_rewards``, ``turn_ends`` (each turn's last policy token in ``responses``, -1 for an empty
+    turn), ``tool_calls`` and ``ended``."""
     rows, width = len(trajectories), max(1, max(t.length for t in trajectories))
     prompts, prompt_mask = left_padded([t.prompt_ids for t in trajectories], pad_token_id)
     responses = torch.full((rows, width), pad_token_id, dtype=torch.long)
     response_mask = torch.zeros(rows, width, dtype=torch.long)
     trajectory_mask = torch.zeros(rows, width, dtype=torch.long)
     log_probs = torch.zeros(rows, width)
+    turn_ends: list[list[int]] = []
     for row, trajectory in enumerate(trajectories):
-        at = 0
+        at, ends = 0, []
         for turn in trajectory.turns:
+            ends.append(at + len(turn.ids) - 1 if turn.ids else -1)
             for ids, policy in ((turn.ids, True), (turn.observation_ids, False)):
                 responses[row, at: at + len(ids)] = torch.tensor(ids, dtype=torch.long)
                 trajectory_mask[row, at: at + len(ids)] = 1
@@ -109,6 +124,7 @@ def trajectories_batch(trajectories: list[Trajectory], pad_token_id: int) -> tup
                     response_mask[row, at: at + len(ids)] = 1
                     log_probs[row, at: at + len(ids)] = torch.tensor(turn.log_probs)
                 at += len(ids)
+        turn_ends.append(ends)
     attention_mask = torch.cat([prompt_mask, trajectory_mask], dim=1)
     tensors = {"prompts": prompts, "responses": responses, "response_mask": response_mask,
                "input_ids": torch.cat([prompts, responses], dim=1), "attention_mask": attention_mask,
@@ -118,6 +134,7 @@ def trajectories_batch(trajectories: list[Trajectory], pad_token_id: int) -> tup
         "answer_text": [t.turns[-1].text if t.turns else "" for t in trajectories],
         "turns": np.array([len(t.turns) for t in trajectories]),
         "turn_rewards": [[turn.reward for turn in t.turns] for t in trajectories],
+        "turn_ends": turn_ends,
         "tool_calls": np.array([sum(turn.counts.get("call_attempts", 0) for turn in t.turns) for t in trajectories]),
         "ended": [t.ended or "turns" for t in trajectories],
         "segments": [t.segments() for t in trajectories],

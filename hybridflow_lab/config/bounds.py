@@ -78,6 +78,8 @@ BOUNDS = (
     Bound("agent.tool_timeout_s", "> 0", _positive, "use e.g. 10"),
     Bound("agent.max_result_chars", ">= 1", _at_least(1), "use e.g. 2000"),
     Bound("agent.tool_workers", ">= 0", _at_least(0), "use 0 to run tools on the controller, e.g. 4 for a pool"),
+    Bound("agent.retry_discount", "in (0, 1]", lambda v: 0 < v <= 1, "use 1 for no discount, e.g. 0.8 to favour "
+          "solving at the first try"),
     Bound("algorithm.rollout_is_cap", ">= 1", _at_least(1), "use e.g. 2.0 (weights above it are capped)"),
     Bound("algorithm.rollout_mask_low", "in (0, 1]", _fraction, "use e.g. 0.5"),
     Bound("algorithm.rollout_mask_high", ">= 1", _at_least(1), "use e.g. 2.0"),
@@ -133,6 +135,8 @@ CHOICE_FIXES = {  # what each choice means, for the error naming a value outside
     "agent.call_format": "plain writes a call as [name arg1, arg2] (the bundled tiny models); hermes as "
                          "<tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> (Qwen's and Hermes' chat "
                          "templates)",
+    "agent.credit": "episode puts a trajectory's score on its last token; turn puts each turn's reward on that "
+                    "turn's last token (per-turn credit through GAE)",
     "task.reward_on_error": "a row the reward function cannot score either stops the step, showing the row, or "
                             "scores 0 and is counted",
 }

@@ -267,6 +267,10 @@ class AgentConfig:
     max_result_chars: int = 2000  # a longer tool result is cut, saying so
     end_on_error: bool = False  # a tool error, timeout or malformed call ends the trajectory with reward 0
     tool_workers: int = 0  # > 0: environments and tools run on this many Ray actors, trajectories in parallel
+    feedback: bool = False  # a wrong answer gets the task's feedback and another try, up to max_turns answers
+    credit: Literal["episode", "turn"] = "episode"  # token rewards: the episode's score at its end, or each turn's
+    # reward at that turn's end (per-turn credit through GAE)
+    retry_discount: float = 1.0  # feedback: a solved episode's reward times this per extra try
 
 
 @dataclass

@@ -9,8 +9,9 @@ MULTI_TURN_TASKS = ("calculator",)  # bundled tasks with tools of their own (tes
 
 
 def multi_turn(config: LabConfig) -> bool:
-    """Whether rollouts are multi-turn: the task has tools, or ``agent.tools`` adds some."""
-    return bool(config.agent.tools) or config.task.name in MULTI_TURN_TASKS
+    """Whether rollouts are multi-turn: the task has tools, ``agent.tools`` adds some, or ``agent.feedback`` gives
+    wrong answers another try."""
+    return bool(config.agent.tools) or config.agent.feedback or config.task.name in MULTI_TURN_TASKS
 
 
 def longest_sequence(config: LabConfig) -> tuple[int, str]:

@@ -54,6 +54,9 @@ class DemoTask:
 
 DEMO_TASKS = {
     "sorting": DemoTask("sorting 8 digits", "sorting_grpo", 300, 3e-3, 0.35),
+    # the same warm start; RL answers again after the checker's feedback, up to 3 times (docs/agents.md)
+    "sorting_feedback": DemoTask("sorting 8 digits, retried after feedback", "sorting_feedback_grpo", 300, 3e-3, 0.35,
+                                 rl_steps=150),
     "countdown": DemoTask("Countdown with 3 one-digit numbers", "countdown_grpo", 600, 3e-3, 0.45),
     "arithmetic": DemoTask("2-digit addition", "arithmetic_grpo", 700, 3e-3),
     # the warm start calls the tool in 30% of its worked exchanges and answers at once in the rest: RL learns when
@@ -116,7 +119,8 @@ def main(run_dir: str = "runs/demo", task: str = "sorting", sft_steps: int | Non
     summary = {"seed": seed, "sft_steps": warm["sft/steps"], "sft_final_loss": round(warm["sft/final_loss"], 4),
                "accuracy_before_rl": before, "accuracy_after_rl": after,
                "gain_points": round(100 * (after - before), 1), f"accuracy_every_{demo.eval_every}_steps": curve}
-    for name, key in (("tool_use", "eval/agent/tool_use"), ("calls_ok_share", "eval/agent/calls/ok_share")):
+    for name, key in (("tool_use", "eval/agent/tool_use"), ("calls_ok_share", "eval/agent/calls/ok_share"),
+                      ("solved", "eval/agent/solved"), ("turns_to_solve", "eval/agent/turns_to_solve")):
         if key in evaluated:
             summary.update({f"{name}_before_rl": evaluated[key], f"{name}_after_rl": evaluated_after[key]})
     summary.update({"wall_s": round(time.perf_counter() - start, 1), "run_dir": str(root / "grpo")})

@@ -46,3 +46,11 @@ class SortingTask:
     def demonstration(self, example: Example) -> str:
         """Just the sorted string."""
         return example.answer
+
+    def feedback(self, prompt: str, response: str, ground_truth: str) -> str:
+        """What is wrong with a wrong answer (for a multi-turn retry): its length, or the positions (from 1) that
+        hold the wrong character."""
+        if len(response) != len(ground_truth):
+            return f"wrong: {len(ground_truth)} characters, not {len(response)}"
+        wrong = [str(i) for i, (got, want) in enumerate(zip(response, ground_truth, strict=True), 1) if got != want]
+        return f"wrong at {','.join(wrong)}"

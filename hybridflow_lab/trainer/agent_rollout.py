@@ -29,7 +29,7 @@ from hybridflow_lab.tasks.prompts import PromptFormat
 from hybridflow_lab.telemetry import Phase, Span, TelemetryStore
 from hybridflow_lab.telemetry.stage_summary import ENVIRONMENT_ROLE
 
-AGENT_COLUMNS = ("answer_text", "turns", "turn_rewards", "tool_calls", "ended", "segments")
+AGENT_COLUMNS = ("answer_text", "turns", "turn_rewards", "turn_ends", "tool_calls", "ended", "segments")
 
 
 @dataclass
@@ -82,7 +82,7 @@ class AgentRollout:
                                                                               **step.result.counts})])
 
         trajectories = run_episodes(generate, self.environments(len(examples)), examples, self.encode_prompt,
-                                    self.renderer, self.tokenizer.eos_token_id, self.setup.limits, heard)
+                                    self.renderer, self.setup.limits, heard)
         tensors, columns = trajectories_batch(trajectories, self.tokenizer.pad_token_id)
         repeated = {k: np.repeat(v, n, axis=0) for k, v in prompts.non_tensors.items()}
         batch = DataBatch(tensors, {**repeated, **columns}, prompts.meta)
@@ -112,7 +112,8 @@ class AgentRollout:
 
 def rollout_metrics(trajectories: list[Trajectory], counts: Counter[str]) -> dict[str, float]:
     """Turns and calls per trajectory, the share of calls that returned text, the share of trajectories with one
-    (``tool_use``), seconds per tool call, the failures counted, and the share of each ending."""
+    (``tool_use``), seconds per tool call, the failures counted, and the share of each ending; with an environment
+    that checks answers (feedback), the share solved and the turns a solved one took (0 when none was)."""
     rows, attempts = len(trajectories), counts["call_attempts"]
     metrics = {"agent/turns/mean": float(np.mean([len(t.turns) for t in trajectories])),
                "agent/calls/mean": attempts / rows,
@@ -122,6 +123,10 @@ def rollout_metrics(trajectories: list[Trajectory], counts: Counter[str]) -> dic
                "agent/tool_latency_s": counts["tool_s"] / max(counts["tool_calls"], 1)}
     metrics.update({f"agent/{kind}": float(counts[kind])
                     for kind in ("tool_errors", "tool_timeouts", "malformed_calls", "env_errors")})
+    solved = [t for t in trajectories if any(turn.counts.get("solved") for turn in t.turns)]
+    if any("solved" in turn.counts for t in trajectories for turn in t.turns):  # an environment that checks answers
+        metrics["agent/solved"] = len(solved) / rows
+        metrics["agent/turns_to_solve"] = float(np.mean([len(t.turns) for t in solved])) if solved else 0.0
     ended = Counter(t.ended for t in trajectories)
     metrics.update({f"agent/ended/{kind}": ended[kind] / rows for kind in ENDINGS})
     return metrics

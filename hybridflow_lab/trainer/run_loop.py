@@ -22,7 +22,8 @@ from hybridflow_lab.trainer.run_stages import RunStages
 from hybridflow_lab.trainer.stages import Stage
 from hybridflow_lab.workers import rule_scores
 
-EVAL_AGENT_METRICS = ("agent/tool_use", "agent/calls/ok_share", "agent/turns/mean")
+EVAL_AGENT_METRICS = ("agent/tool_use", "agent/calls/ok_share", "agent/turns/mean", "agent/solved",
+                      "agent/turns_to_solve")
 
 Listener = Callable[[dict[str, float]], None]
 SPANS = "spans.jsonl"  # every span of the run, whatever the telemetry store keeps in memory
@@ -89,7 +90,7 @@ class RunLoop:
             if stages.task.agent is not None:  # whole episodes, scored by their environments
                 out, episodes = stages.episodes(actor, prompts, 1, greedy=True, seed=0)
                 scores = episode_scores(out["turn_rewards"])
-                agent = {f"eval/{k}": episodes[k] for k in EVAL_AGENT_METRICS}
+                agent = {f"eval/{k}": episodes[k] for k in EVAL_AGENT_METRICS if k in episodes}
             else:
                 out = actor.generate_sequences(prompts, greedy=True, n=1, seed=0)
                 scores = rule_scores(out, stages.task.reward, stages.reward_guard)["scores"]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridflow_lab.agents.trajectory import episode_scores
+from hybridflow_lab.agents.trajectory import episode_scores, turn_level
 from hybridflow_lab.algorithms.masked import token_level
 from hybridflow_lab.algorithms.registry import get_advantage_estimator, get_policy_loss
 from hybridflow_lab.algorithms.safe_rlhf import LagrangeMultiplier
@@ -179,8 +179,9 @@ class RunStages:
                                        **options)
 
     def reward(self, batch: Batch) -> Batch:
-        """Sequence ``scores`` (the task's rule or the reward model) and ``token_level_scores`` (the score on the last
-        response token); ``costs`` when the task has a cost rule."""
+        """Sequence ``scores`` (the task's rule, the reward model, or a trajectory's turn rewards summed) and
+        ``token_level_scores`` (the score on the last response token; with ``agent.credit=turn`` each turn's reward
+        on that turn's last token); ``costs`` when the task has a cost rule."""
         learned = "reward_model" in self.groups.by_role
         cost = self.task.cost
 
@@ -191,7 +192,10 @@ class RunStages:
                 scores = self.groups.by_role["reward_model"].compute_rm_score(rows.select(*TRAINING_COLUMNS))["scores"]
             else:
                 scores = self._rule_scores(rows, self.task.reward, "reward")
-            columns = {"scores": scores, "token_level_scores": token_level(scores, rows["response_mask"])}
+            per_turn = "turn_rewards" in rows and self.config.agent.credit == "turn"
+            token_scores = turn_level(rows["turn_rewards"], rows["turn_ends"], rows["responses"].shape[1]) \
+                if per_turn else token_level(scores, rows["response_mask"])
+            columns = {"scores": scores, "token_level_scores": token_scores}
             if cost is not None:
                 columns["costs"] = self._rule_scores(rows, cost, "cost")
             return DataBatch(columns)

@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hybridflow_lab.agents import CALL_FORMATS, AgentLimits, ToolEnvironment, ToolPolicy
+from hybridflow_lab.agents.feedback import FeedbackEnvironment
 from hybridflow_lab.agents.toolbox import bundled_tools
 from hybridflow_lab.agents.tools import tool_table
 from hybridflow_lab.algorithms.dapo import overlong_penalty
@@ -141,9 +142,13 @@ def _bundled_setup(config: LabConfig, tokenizer: PreTrainedTokenizerBase, cost: 
         setting = str(exc).split()[0]  # the tasks' messages start with the bad setting's name
         raise ConfigError(f"task.{setting}" if hasattr(task_config, setting) else "task.name", str(exc)) from None
     tools = getattr(task, "tools", ())
-    agent = tool_agent(config, tools, task.reward) if tools or config.agent.tools else None
+    if config.agent.feedback and (tools or config.agent.tools):
+        raise ConfigError("agent.feedback", f"the {task_config.name} task has tools; feedback retries are for a "
+                          "task answered at once: set agent.feedback=false, or drop agent.tools")
+    agent = feedback_agent(config, task) if config.agent.feedback \
+        else tool_agent(config, tools, task.reward) if tools or config.agent.tools else None
     prompt_format = _prompt_format(config, tokenizer, task)
-    if agent is not None and config.agent.describe_tools:
+    if agent is not None and agent.schemas and config.agent.describe_tools:
         prompt_format = replace(prompt_format, tools=agent.schemas,
                                 tools_text=agent.call_format.describe(agent.schemas))
     evaluation = held_out(task, task_config.eval_size, seed)
@@ -172,6 +177,16 @@ def tool_agent(config: LabConfig, tools: Sequence[Any], reward: RuleFn) -> Agent
     return AgentSetup(lambda: ToolEnvironment(table.values(), call_format, reward, policy), call_format,
                       AgentLimits(agent.max_turns, agent.max_tokens, config.rollout.max_new_tokens),
                       tuple(tool.schema for tool in table.values()), agent.tool_workers, agent.tool_timeout_s)
+
+
+def feedback_agent(config: LabConfig, task: Task) -> AgentSetup:
+    """Multi-turn rollouts where a wrong answer gets ``task``'s feedback and another try (``agent.max_turns``
+    answers in all)."""
+    agent = config.agent
+    return AgentSetup(lambda: FeedbackEnvironment(task, agent.max_turns, agent.retry_discount),
+                      CALL_FORMATS[agent.call_format],
+                      AgentLimits(agent.max_turns, agent.max_tokens, config.rollout.max_new_tokens),
+                      tool_workers=agent.tool_workers, tool_timeout_s=agent.tool_timeout_s)
 
 
 def _check_prompt_lengths(config: LabConfig, tokenizer: PreTrainedTokenizerBase, prompt_format: PromptFormat,
