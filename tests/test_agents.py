@@ -434,8 +434,9 @@ def test_a_feedback_environment_says_what_was_wrong_and_scores_a_later_solution_
                                 AgentLimits(max_tokens=64))
     assert [len(t.turns) for t in trajectories] == [2, 3]  # each turn ended with EOS, and a user answered it
     assert trajectories[0].turns[0].observation == "wrong at 2,3"
-    metrics = rollout_metrics(trajectories, Counter())
+    metrics = rollout_metrics(trajectories, Counter(), tools=False)
     assert metrics["agent/solved"] == 0.5 and metrics["agent/turns_to_solve"] == 2.0
+    assert "agent/tool_use" not in metrics  # no tools: no tool metrics
 
 
 def test_per_turn_credit_puts_each_turns_reward_on_its_last_policy_token_and_gae_credits_the_turns_apart():

@@ -86,7 +86,7 @@ class AgentRollout:
         tensors, columns = trajectories_batch(trajectories, self.tokenizer.pad_token_id)
         repeated = {k: np.repeat(v, n, axis=0) for k, v in prompts.non_tensors.items()}
         batch = DataBatch(tensors, {**repeated, **columns}, prompts.meta)
-        return batch, rollout_metrics(trajectories, counts)
+        return batch, rollout_metrics(trajectories, counts, tools=bool(self.setup.schemas))
 
     def environments(self, count: int) -> Environments:
         """``count`` fresh environments: in this process, or on the pool of ``tool_workers`` Ray actors (started
@@ -110,19 +110,22 @@ class AgentRollout:
         return self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
 
-def rollout_metrics(trajectories: list[Trajectory], counts: Counter[str]) -> dict[str, float]:
-    """Turns and calls per trajectory, the share of calls that returned text, the share of trajectories with one
-    (``tool_use``), seconds per tool call, the failures counted, and the share of each ending; with an environment
-    that checks answers (feedback), the share solved and the turns a solved one took (0 when none was)."""
+def rollout_metrics(trajectories: list[Trajectory], counts: Counter[str], tools: bool = True) -> dict[str, float]:
+    """Turns per trajectory, environment errors and the share of each ending; with ``tools``, calls per trajectory,
+    the share of calls that returned text, the share of trajectories with one (``tool_use``), seconds per tool call
+    and the tools' failures; with an environment that checks answers (feedback), the share solved and the turns a
+    solved one took (0 when none was)."""
     rows, attempts = len(trajectories), counts["call_attempts"]
     metrics = {"agent/turns/mean": float(np.mean([len(t.turns) for t in trajectories])),
-               "agent/calls/mean": attempts / rows,
-               "agent/calls/ok_share": counts["call_ok"] / attempts if attempts else 0.0,
-               "agent/tool_use": float(np.mean([any(turn.counts.get("call_ok") for turn in t.turns)
-                                                for t in trajectories])),
-               "agent/tool_latency_s": counts["tool_s"] / max(counts["tool_calls"], 1)}
-    metrics.update({f"agent/{kind}": float(counts[kind])
-                    for kind in ("tool_errors", "tool_timeouts", "malformed_calls", "env_errors")})
+               "agent/env_errors": float(counts["env_errors"])}
+    if tools:
+        metrics.update({"agent/calls/mean": attempts / rows,
+                        "agent/calls/ok_share": counts["call_ok"] / attempts if attempts else 0.0,
+                        "agent/tool_use": float(np.mean([any(turn.counts.get("call_ok") for turn in t.turns)
+                                                         for t in trajectories])),
+                        "agent/tool_latency_s": counts["tool_s"] / max(counts["tool_calls"], 1)})
+        metrics.update({f"agent/{kind}": float(counts[kind])
+                        for kind in ("tool_errors", "tool_timeouts", "malformed_calls")})
     solved = [t for t in trajectories if any(turn.counts.get("solved") for turn in t.turns)]
     if any("solved" in turn.counts for t in trajectories for turn in t.turns):  # an environment that checks answers
         metrics["agent/solved"] = len(solved) / rows
