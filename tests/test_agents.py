@@ -4,6 +4,7 @@ trajectories and their masks, and the multi-turn loop's endings."""
 from __future__ import annotations
 
 import os
+import random
 import time
 from collections import Counter
 
@@ -460,3 +461,28 @@ def test_per_turn_credit_puts_each_turns_reward_on_its_last_policy_token_and_gae
     advantages, _ = gae(rewards, torch.zeros_like(rewards), mask, gamma=1.0, lam=1.0, whiten=False)
     # the call's tokens see both turns' rewards, the answer's tokens only the answer's
     assert advantages[0, 0] == pytest.approx(1.5) and advantages[0, ends[1]] == pytest.approx(1.0)
+
+
+def test_retry_demonstrations_answer_wrong_then_right_after_the_feedback_each_answer_ending_with_eos():
+    from hybridflow_lab.agents.feedback import RetryDemonstrations
+    from hybridflow_lab.tasks.prompts import PromptFormat
+    from hybridflow_lab.tasks.sorting import SortingTask
+    from hybridflow_lab.trainer.sft import episode_batch
+
+    task = RetryDemonstrations(SortingTask(length=4), share=0.5)
+    examples = [task.sample(random.Random(i)) for i in range(40)]
+    episodes = [task.episode(example) for example in examples]
+    retried = [e for e in episodes if len(e) == 2]
+    assert 10 <= len(retried) <= 30 and all(len(e) == 1 for e in episodes if e not in retried)  # about half
+    (wrong, feedback), (right, done) = retried[0]
+    assert wrong == right[1:] + right[:1] != right and feedback.startswith("wrong at") and done is None
+    tokenizer = char_tokenizer()
+    example = examples[episodes.index(retried[0])]
+    batch = episode_batch(tokenizer, task, [example], PromptFormat(), PLAIN)
+    trained = batch["responses"][0][batch["response_mask"][0].bool()].tolist()
+    eos = tokenizer.eos_token_id
+    assert trained == [*tokenizer(wrong, add_special_tokens=False)["input_ids"], eos,
+                       *tokenizer(right, add_special_tokens=False)["input_ids"], eos]  # the feedback is context
+    context = batch["responses"][0][~batch["response_mask"][0].bool() & batch["attention_mask"][0, -batch[
+        "responses"].shape[1]:].bool()].tolist()
+    assert tokenizer.decode(context) == f"\n{feedback}\n"  # rendered as the rollout renders a user's message

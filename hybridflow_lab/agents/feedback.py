@@ -3,12 +3,17 @@
 
 The reward of a solved episode is the task's score discounted by ``retry_discount`` per extra try, so a policy
 that gets it right sooner scores more; one never solved scores its last answer (the task's partial credit).
-The number of turns to success falls as training makes first answers right (``agent/turns_to_solve``).
+The number of turns to success falls as training makes first answers right (``agent/turns_to_solve``);
+``RetryDemonstrations`` is a warm start that retries, so that there is something to fall from.
 """
 
 from __future__ import annotations
 
-from hybridflow_lab.agents.environment import StepResult
+import random
+import zlib
+from dataclasses import dataclass
+
+from hybridflow_lab.agents.environment import Role, StepResult
 from hybridflow_lab.tasks.base import Example, Task
 
 TRY_AGAIN = "wrong, try again"  # the feedback of a task that has no ``feedback`` method
@@ -41,3 +46,37 @@ class FeedbackEnvironment:
         feedback = getattr(self.task, "feedback", None)
         return StepResult(feedback(prompt, answer, truth) if feedback else TRY_AGAIN, role="user",
                           counts={"retries": 1.0})
+
+
+@dataclass(frozen=True)
+class RetryDemonstrations:
+    """``task`` for a feedback run's warm start: in a ``share`` of the worked exchanges (picked by a hash of the
+    prompt) a wrong first answer (the right one rotated by a character), the checker's feedback, then the right
+    answer; the others answer right at once. A policy that starts there solves in about ``1 + share`` turns, and RL
+    (with a retry discount) teaches it to solve at the first try: its turns to a solution fall."""
+
+    task: Task
+    share: float
+    episode_role: Role = "user"
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+    def sample(self, rng: random.Random) -> Example:
+        return self.task.sample(rng)
+
+    def reward(self, prompt: str, response: str, ground_truth: str) -> float:
+        return self.task.reward(prompt, response, ground_truth)
+
+    def demonstration(self, example: Example) -> str:
+        return self.task.demonstration(example)
+
+    def episode(self, example: Example) -> list[tuple[str, str | None]]:
+        """The worked exchange: each answer and the feedback to it (None after the right one)."""
+        right = self.task.demonstration(example)
+        wrong = right[1:] + right[:1]
+        if wrong == right or zlib.crc32(example.prompt.encode()) % 1000 >= self.share * 1000:
+            return [(right, None)]
+        feedback = getattr(self.task, "feedback", None)
+        return [(wrong, feedback(example.prompt, wrong, example.answer) if feedback else TRY_AGAIN), (right, None)]

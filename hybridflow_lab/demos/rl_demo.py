@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow_lab.agents import CALL_FORMATS
+from hybridflow_lab.agents.feedback import RetryDemonstrations
 from hybridflow_lab.config.presets import resolve_config
 from hybridflow_lab.controller import init_cluster
 from hybridflow_lab.models import create_model_dir
@@ -36,6 +37,7 @@ class DemoTask:
     sft_lr: float
     sft_target_loss: float = 0.0  # > 0: stop SFT once its recent mean loss is this low
     sft_settings: tuple[tuple[str, Any], ...] = ()  # the task's settings for the warm start only
+    sft_retry_share: float = 0.0  # > 0: this share of the warm start's exchanges retry after feedback
     rl_steps: int = 300
     eval_every: int = 50  # RL steps between held-out evaluations
 
@@ -47,16 +49,18 @@ class DemoTask:
 
     @property
     def sft_task(self) -> Task:
-        """``task`` with ``sft_settings``: what the warm start demonstrates."""
+        """``task`` with ``sft_settings`` (and retries, with ``sft_retry_share``): what the warm start demonstrates."""
         settings = resolve_config(self.preset).task
-        return make_task(settings.name, **{**TASK_SETTINGS[settings.name](settings), **dict(self.sft_settings)})
+        task = make_task(settings.name, **{**TASK_SETTINGS[settings.name](settings), **dict(self.sft_settings)})
+        return RetryDemonstrations(task, self.sft_retry_share) if self.sft_retry_share else task
 
 
 DEMO_TASKS = {
     "sorting": DemoTask("sorting 8 digits", "sorting_grpo", 300, 3e-3, 0.35),
-    # the same warm start; RL answers again after the checker's feedback, up to 3 times (docs/agents.md)
+    # RL answers again after the checker's feedback, up to 3 times; the warm start retries in half its exchanges,
+    # and RL (a retry discount) teaches it to solve at once: the turns to a solution fall (docs/agents.md)
     "sorting_feedback": DemoTask("sorting 8 digits, retried after feedback", "sorting_feedback_grpo", 300, 3e-3, 0.35,
-                                 rl_steps=150),
+                                 sft_retry_share=0.5, rl_steps=150),
     "countdown": DemoTask("Countdown with 3 one-digit numbers", "countdown_grpo", 600, 3e-3, 0.45),
     "arithmetic": DemoTask("2-digit addition", "arithmetic_grpo", 700, 3e-3),
     # the warm start calls the tool in 30% of its worked exchanges and answers at once in the rest: RL learns when

@@ -46,19 +46,22 @@ def demonstration_batch(tokenizer: PreTrainedTokenizerBase, task: Task, examples
 
 def episode_batch(tokenizer: PreTrainedTokenizerBase, task: Task, examples: list[Example],
                   prompt_format: PromptFormat, call_format: CallFormat) -> DataBatch:
-    """``task.episode(example)`` of each example as a trajectory: the policy's turns trained on (the last one
-    ending with EOS), the tool's answers between them rendered as a rollout renders them."""
+    """``task.episode(example)`` of each example as a trajectory: the policy's turns trained on, the answers between
+    them rendered as a rollout renders them, in the voice of ``task.episode_role`` (default ``tool``). The last
+    turn ends with EOS, and so does every turn a user answers (a whole answer, as in a feedback rollout); a turn a
+    tool answers ends with its call."""
     renderer = ObservationRenderer(tokenizer, call_format, prompt_format.chat)
+    role = getattr(task, "episode_role", "tool")
     trajectories = []
     for example in examples:
         prompt = prompt_format.render(tokenizer, [example.prompt])[0]
         trajectory = Trajectory(example, tokenizer(prompt, add_special_tokens=False)["input_ids"])
         for text, answer in task.episode(example):
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if answer is None
-                                                                           else [])
+            ends = answer is None or role == "user"
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if ends else [])
             turn = Turn(ids, [0.0] * len(ids), text)
             if answer is not None:
-                turn.observation_text, turn.observation_ids = renderer.render(answer, "tool")
+                turn.observation_text, turn.observation_ids = renderer.render(answer, role)
             trajectory.turns.append(turn)
         trajectories.append(trajectory)
     tensors, _ = trajectories_batch(trajectories, tokenizer.pad_token_id)
