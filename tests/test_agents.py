@@ -235,6 +235,23 @@ def test_a_stop_string_is_detected_at_the_token_that_completes_it():
         assert bool(stop.completed(torch.tensor([ids]), torch.tensor(ids[-1:]))[0]) is completes, text
 
 
+def test_vllms_stop_ids_are_the_tokens_where_the_built_in_engine_stops_merged_bpe_tokens_included():
+    from hybridflow_lab.engines.stop_strings import single_token_stops
+
+    tokenizer = train_bpe_tokenizer(["[calc 1*2]] -> 2", "x]) y]) [calc 3]."] * 50, vocab_size=300)
+    stop = StopStrings(tokenizer, ("]",))
+    ids = single_token_stops(tokenizer, ("]",))
+    merged = tokenizer("[calc 1*2]).", add_special_tokens=False)["input_ids"]
+    closing = next(i for i in merged if tokenizer.decode([i]) == "])")  # "]" merged with what follows
+    assert closing in ids and tokenizer.convert_tokens_to_ids("]") in ids
+    prefix = merged[: merged.index(closing) + 1]
+    assert stop.completed(torch.tensor([prefix]), torch.tensor(prefix[-1:]))[0]  # both engines stop there
+    assert {tokenizer.decode([i]) for i in ids} == {text for text in tokenizer.batch_decode(
+        [[i] for i in range(len(tokenizer))]) if "]" in text}
+    with pytest.raises(ValueError, match="'calc ' is 2 tokens"):
+        single_token_stops(tokenizer, ("calc ",))
+
+
 def test_a_special_tokens_text_does_not_complete_a_stop_string():
     """As vLLM decodes for its stop strings: a special token (here ``<bos>``) is no text, so ``<`` is not in it."""
     tokenizer = char_tokenizer()

@@ -40,7 +40,10 @@ class StopStrings:
 
 
 def single_token_stops(tokenizer: PreTrainedTokenizerBase, strings: Sequence[str]) -> tuple[int, ...]:
-    """The token id of each stop string that is one token (how vLLM, run without a tokenizer, stops on them)."""
+    """The ids of the tokens that complete a stop string of one token, for vLLM, which runs without a tokenizer and
+    matches ids: the string's own token and every token whose text holds it (a BPE merge such as ``])``), where
+    ``StopStrings`` stops too."""
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
     ids = []
     for text in strings:
         encoded = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -48,5 +51,5 @@ def single_token_stops(tokenizer: PreTrainedTokenizerBase, strings: Sequence[str
             raise ValueError(f"stop string {text!r} is {len(encoded)} tokens for this tokenizer; vLLM here stops on "
                              "single tokens only: use rollout.engine=torch, or a call format that ends with one "
                              "token (the Hermes format's </tool_call> is one in Qwen's vocabulary)")
-        ids.append(encoded[0])
-    return tuple(ids)
+        ids += [token for token, token_text in enumerate(texts) if text in token_text]
+    return tuple(sorted(set(ids)))
