@@ -10,13 +10,18 @@ The number of turns to success falls as training makes first answers right (``ag
 from __future__ import annotations
 
 import random
-import zlib
 from dataclasses import dataclass
 
 from hybridflow_lab.agents.environment import Role, StepResult
-from hybridflow_lab.tasks.base import Example, Task
+from hybridflow_lab.tasks.base import Example, Task, in_share
 
 TRY_AGAIN = "wrong, try again"  # the feedback of a task that has no ``feedback`` method
+
+
+def feedback_text(task: Task, prompt: str, answer: str, truth: str) -> str:
+    """What ``task``'s checker says of a wrong ``answer``: its ``feedback``, or ``TRY_AGAIN``."""
+    feedback = getattr(task, "feedback", None)
+    return feedback(prompt, answer, truth) if feedback else TRY_AGAIN
 
 
 class FeedbackEnvironment:
@@ -43,9 +48,7 @@ class FeedbackEnvironment:
         if solved or self.tries >= self.max_tries:
             reward = score * self.retry_discount ** (self.tries - 1) if solved else score
             return StepResult(reward=reward, done=True, counts={"solved": float(solved)})
-        feedback = getattr(self.task, "feedback", None)
-        return StepResult(feedback(prompt, answer, truth) if feedback else TRY_AGAIN, role="user",
-                          counts={"retries": 1.0})
+        return StepResult(feedback_text(self.task, prompt, answer, truth), role="user", counts={"retries": 1.0})
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,6 @@ class RetryDemonstrations:
         """The worked exchange: each answer and the feedback to it (None after the right one)."""
         right = self.task.demonstration(example)
         wrong = right[1:] + right[:1]
-        if wrong == right or zlib.crc32(example.prompt.encode()) % 1000 >= self.share * 1000:
+        if wrong == right or not in_share(example, self.share):
             return [(right, None)]
-        feedback = getattr(self.task, "feedback", None)
-        return [(wrong, feedback(example.prompt, wrong, example.answer) if feedback else TRY_AGAIN), (right, None)]
+        return [(wrong, feedback_text(self.task, example.prompt, wrong, example.answer)), (right, None)]

@@ -14,6 +14,11 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 
+def token_texts(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """Each token id's text, special tokens as no text (as a stop string is matched)."""
+    return tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
+
+
 class StopStrings:
     """Detects ``strings`` at the end of each row's generated tokens, with ``tokenizer``'s decoding."""
 
@@ -22,7 +27,7 @@ class StopStrings:
             raise ValueError(f"stop strings must be non-empty, got {list(strings)!r}")
         self.strings = tuple(strings)
         self.tokenizer = tokenizer
-        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
+        texts = token_texts(tokenizer)
         last = {s[-1] for s in self.strings}
         self.candidates = torch.tensor([any(c in text for c in last) for text in texts])
         self.window = max(len(s) for s in self.strings) + 1  # a token holds at least one character
@@ -43,7 +48,7 @@ def single_token_stops(tokenizer: PreTrainedTokenizerBase, strings: Sequence[str
     """The ids of the tokens that complete a stop string of one token, for vLLM, which runs without a tokenizer and
     matches ids: the string's own token and every token whose text holds it (a BPE merge such as ``])``), where
     ``StopStrings`` stops too."""
-    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
+    texts = token_texts(tokenizer)
     ids = []
     for text in strings:
         encoded = tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import zlib
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,3 +37,9 @@ class Task(Protocol):
     def demonstration(self, example: Example) -> str:
         """The text an SFT model should produce after the prompt (without the EOS token)."""
         ...
+
+
+def in_share(example: Example, share: float) -> bool:
+    """Whether ``example`` falls in a ``share`` of all examples, picked by a stable hash of its prompt (the worked
+    exchanges of a warm start that vary by example: which call a tool, which retry)."""
+    return zlib.crc32(example.prompt.encode()) % 1000 < share * 1000

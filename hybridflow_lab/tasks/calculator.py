@@ -9,11 +9,10 @@ learn to copy the operands into a call and the tool's result into the answer. Th
 from __future__ import annotations
 
 import random
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from hybridflow_lab.tasks.base import Example
+from hybridflow_lab.tasks.base import Example, in_share
 from hybridflow_lab.tasks.countdown import parse_expression
 from hybridflow_lab.tasks.rewards import digit_score, integer_format_score
 
@@ -67,6 +66,6 @@ class CalculatorTask:
         ``tool_share`` of the examples (picked by a hash of the prompt) call the tool; the others answer at once,
         as a model that has not learned when to call it does."""
         expression = example.prompt.removesuffix("=")
-        if zlib.crc32(example.prompt.encode()) % 1000 >= self.tool_share * 1000:
+        if not in_share(example, self.tool_share):
             return [(example.answer, None)]
         return [(f"[calc {expression}]", calc(expression)), (example.answer, None)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,11 +50,20 @@ class PromptFormat:
                                               add_generation_prompt=True, **tools) for text in texts]
 
 
+_RENDERS_TOOLS: dict[tuple[str, str], bool] = {}  # (chat template, tools as JSON) -> whether it renders them
+
+
 def renders_tools(tokenizer: PreTrainedTokenizerBase, tools: Sequence[dict[str, Any]]) -> bool:
-    """Whether the tokenizer's chat template writes ``tools`` into the prompt (many ignore the argument)."""
-    turn = [{"role": "user", "content": "."}]
-    with_tools = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True, tools=list(tools))
-    return with_tools != tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    """Whether the tokenizer's chat template writes ``tools`` into the prompt (many ignore the argument); probed once
+    per template and tools (every prompt of a run asks)."""
+    key = (tokenizer.chat_template, json.dumps(list(tools), sort_keys=True))
+    if key not in _RENDERS_TOOLS:
+        turn = [{"role": "user", "content": "."}]
+        with_tools = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True, tools=list(tools))
+        _RENDERS_TOOLS[key] = with_tools != tokenizer.apply_chat_template(turn, tokenize=False,
+                                                                          add_generation_prompt=True)
+    return _RENDERS_TOOLS[key]
+
 
 
 RAW = PromptFormat()

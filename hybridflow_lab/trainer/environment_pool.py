@@ -8,6 +8,7 @@ A worker that gives no answer in time is an error naming it and its trajectories
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import ray
 
@@ -50,44 +51,36 @@ class RayEnvironments:
         self.tool_timeout_s, self.margin_s = tool_timeout_s, margin_s
 
     def reset(self, examples: Sequence[Example]) -> list[str]:
-        shares = self._shares(dict(enumerate(examples)))
-        answers = self._gather("reset", {worker: self.hosts[worker].reset.remote(items)
-                                         for worker, items in shares.items()}, shares, WORKER_START_S)
-        prompts: dict[int, str] = {}
-        for worker, items in shares.items():
-            prompts.update(zip([index for index, _ in items], answers[worker], strict=True))
+        prompts = self._call("reset", dict(enumerate(examples)), WORKER_START_S)
         return [prompts[index] for index in range(len(examples))]
 
     def step(self, actions: Mapping[int, str]) -> dict[int, EnvStep]:
-        shares = self._shares(actions)
-        answers = self._gather("step", {worker: self.hosts[worker].step.remote(items)
-                                        for worker, items in shares.items()}, shares)
-        steps: dict[int, EnvStep] = {}
-        for worker, items in shares.items():
-            steps.update(zip([index for index, _ in items], answers[worker], strict=True))
-        return steps
+        return self._call("step", actions)
 
     def close(self) -> None:
         for host in self.hosts:
             ray.kill(host)
 
-    def _shares(self, by_index: Mapping[int, object]) -> dict[int, list]:
-        shares: dict[int, list] = {}
+    def _call(self, method: str, by_index: Mapping[int, Any], start_s: float = 0.0) -> dict[int, Any]:
+        """Each worker's ``method`` on its share of ``by_index`` (trajectory ``i`` on worker ``i % N``), at once;
+        the answers by trajectory index. A worker may take its trajectories' tool timeouts plus the margin (plus
+        ``start_s``)."""
+        shares: dict[int, list[tuple[int, Any]]] = {}
         for index, item in by_index.items():
             shares.setdefault(index % len(self.hosts), []).append((index, item))
-        return shares
-
-    def _gather(self, what: str, futures: dict[int, ray.ObjectRef], shares: dict[int, list],
-                start_s: float = 0.0) -> dict[int, list]:
+        futures = {worker: getattr(self.hosts[worker], method).remote(items) for worker, items in shares.items()}
         timeout_s = self.tool_timeout_s * max(map(len, shares.values())) + self.margin_s + start_s
         _, waiting = ray.wait(list(futures.values()), num_returns=len(futures), timeout=timeout_s)
         late = [worker for worker, future in futures.items() if future in waiting]
         if late:
             trajectories = sorted(index for worker in late for index, _ in shares[worker])
-            raise EnvironmentPoolError(f"environment workers {late} gave no {what} answer within {timeout_s:g} s "
+            raise EnvironmentPoolError(f"environment workers {late} gave no {method} answer within {timeout_s:g} s "
                                        f"(trajectories {trajectories}); an environment step hangs: give its tools a "
                                        "timeout (agent.tool_timeout_s) or fix the environment")
+        answers: dict[int, Any] = {}
         try:
-            return {worker: ray.get(future) for worker, future in futures.items()}
+            for worker, future in futures.items():
+                answers.update(zip([index for index, _ in shares[worker]], ray.get(future), strict=True))
         except ray.exceptions.RayError as exc:
-            raise EnvironmentPoolError(f"an environment worker failed during {what}: {exc}") from None
+            raise EnvironmentPoolError(f"an environment worker failed during {method}: {exc}") from None
+        return answers

@@ -68,8 +68,9 @@ class StageRunner:
             with self.telemetry.stage(stage.value, **graph, **({"lane": lane} if lane else {})) as attrs:
                 yield summary
                 attrs.update(writes=summary.columns, moved=summary.bytes_moved)
-                if summary.environment:
-                    attrs["environment"] = summary.environment
+                environment = summary.environment
+                if environment:
+                    attrs["environment"] = environment
         except WorkerCallError as error:
             self._on_worker_error(error, stage.value)
             raise
