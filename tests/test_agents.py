@@ -73,6 +73,9 @@ def test_call_formats_read_hermes_json_and_plain_calls_and_name_what_is_malforme
     assert PLAIN.calls("[multiply 3, 4]")[0].arguments == ["3", "4"]
     with pytest.raises(MalformedCall, match=r"\[name arg1, arg2\]"):
         PLAIN.calls("[12*3")
+    for call_format, arguments in ((HERMES, {"a": 3, "b": 4}), (PLAIN, ["3", "4"])):  # a written call reads back
+        [call] = call_format.calls(call_format.call_text("multiply", {"a": 3, "b": 4}))
+        assert (call.name, call.arguments) == ("multiply", arguments)
 
 
 def test_tool_errors_timeouts_non_text_and_huge_results_become_counted_observations_or_end_the_trajectory():
@@ -503,3 +506,22 @@ def test_retry_demonstrations_answer_wrong_then_right_after_the_feedback_each_an
     context = batch["responses"][0][~batch["response_mask"][0].bool() & batch["attention_mask"][0, -batch[
         "responses"].shape[1]:].bool()].tolist()
     assert tokenizer.decode(context) == f"\n{feedback}\n"  # rendered as the rollout renders a user's message
+
+
+def test_calculator_demonstrations_call_calc_on_a_reasoning_gym_expression_in_the_runs_format_in_their_share():
+    from hybridflow_lab.agents.calculator_demonstrations import CalculatorDemonstrations
+    from hybridflow_lab.tasks import make_task
+
+    products = make_task("reasoning_gym", dataset="products", options={"min_digits": 3, "max_digits": 3})
+    task = CalculatorDemonstrations(products, HERMES, share=0.3)
+    examples = [task.sample(random.Random(i)) for i in range(60)]
+    episodes = [task.episode(example) for example in examples]
+    calling = [e for e in episodes if len(e) == 2]
+    assert 8 <= len(calling) <= 30 and all(len(e) == 1 for e in episodes if e not in calling)  # about 30%
+    example = examples[episodes.index(calling[0])]
+    (call_text, result), (answer, done) = calling[0]
+    [call] = HERMES.calls(call_text)
+    left, right = map(int, call.arguments["expression"].split("*"))
+    assert call.name == "calc" and f"{left} * {right}" in example.prompt and result == str(left * right)
+    assert answer == f"<answer>{left * right}</answer>" and done is None
+    assert task.reward(example.prompt, answer, example.answer) == 1.0  # reasoning-gym's scorer agrees

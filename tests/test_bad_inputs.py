@@ -596,3 +596,15 @@ def test_dynamic_sampling_keeps_groups_whose_rewards_differ_until_the_batch_is_f
                            scored_groups(20, [[1.0, 0.0, 0.0]] * 2)])
     batch = informative_batch(draw, resolve_config(None, (*DYNAMIC_CONFIG, "algorithm.max_sampling_rounds=3")))
     assert batch["uid"].tolist() == [0, 0, 0, 11, 11, 11] and len(drawn) == 2  # two groups were enough
+
+
+@pytest.mark.parametrize(("model", "task", "fix"), [
+    ("tiny", "products_calc", "needs a packaged model (--model smollm2); the tiny model's tasks are sorting"),
+    ("smollm2", "sorting", "on --model smollm2 the tasks are word_problems, products_calc")])
+def test_a_demo_task_for_another_model_is_refused_naming_the_models_tasks(model, task, fix, capsys, tmp_path):
+    from hybridflow_lab.cli import main
+
+    assert main(["demo", "--model", model, "--task", task, "--run-dir", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"hybridflow-lab demo: error: --task: {task} ") and fix in error
+    assert not any(tmp_path.iterdir())  # refused before the model was imported or trained

@@ -42,6 +42,10 @@ class CallFormat(Protocol):
         """A tool's result as the text that follows the call, for a model without a chat template."""
         ...
 
+    def call_text(self, name: str, arguments: dict[str, Any]) -> str:
+        """A call of tool ``name`` with ``arguments`` as the policy writes it (``calls`` reads it back)."""
+        ...
+
     def describe(self, schemas: Sequence[dict[str, Any]]) -> str:
         """The tools (OpenAI-format ``schemas``) and how to call them, for a prompt whose chat template does not
         render tools itself."""
@@ -73,6 +77,9 @@ class HermesFormat:
     def result_text(self, result: str) -> str:
         return f"\n<tool_response>\n{result}\n</tool_response>\n"
 
+    def call_text(self, name: str, arguments: dict[str, Any]) -> str:
+        return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
     def describe(self, schemas: Sequence[dict[str, Any]]) -> str:
         listed = "\n".join(json.dumps(schema) for schema in schemas)
         return (f"You may call tools. Their signatures, one per line:\n<tools>\n{listed}\n</tools>\nTo call one, "
@@ -96,6 +103,9 @@ class PlainFormat:
 
     def result_text(self, result: str) -> str:
         return f" -> {result}\n"
+
+    def call_text(self, name: str, arguments: dict[str, Any]) -> str:
+        return f"[{name} {', '.join(map(str, arguments.values()))}]" if arguments else f"[{name}]"
 
     def describe(self, schemas: Sequence[dict[str, Any]]) -> str:
         lines = []

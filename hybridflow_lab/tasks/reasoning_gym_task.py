@@ -83,6 +83,10 @@ class ReasoningGymTask:
     def demonstration(self, example: Example) -> str:
         return f"<answer>{json.loads(example.answer)['answer']}</answer>"
 
+    def expression(self, example: Example) -> str | None:
+        """The arithmetic expression the entry states (reasoning-gym's arithmetic generators do), or None."""
+        return self.entry(json.loads(example.answer)["index"])["metadata"].get("expression")
+
     def computation(self, example: Example) -> str:
         """The question: equal questions fall on one side of the train/evaluation split."""
         return example.prompt
