@@ -134,11 +134,13 @@ def main(run_dir: str = "runs/demo-smollm2", minutes: float = 30.0, steps: int =
     print(f"[demo] {MODEL_NAMES[model_name]} on {task}, LoRA rank {lab.config.actor.lora.rank}, on "
           f"{lab.config.actor.ranks} Ray ranks, {'bf16 autocast' if bf16 else 'float32'}; held-out {before}; GRPO "
           f"for up to {minutes:g} minutes", flush=True)
-    curve, mismatch, rl_start, done = {0: before}, [], time.perf_counter(), 0
+    curve, rl_start, done = {0: before}, time.perf_counter(), 0
+    mismatch: list[tuple[float, float]] = []
     while done < steps and time.perf_counter() - rl_start < 60 * minutes:
         metrics = lab.step()
         done += 1
-        mismatch.append(metrics.get("actor/rollout_mismatch", float("nan")))
+        if "actor/rollout_mismatch" in metrics:  # where the rollout engine returns its log-probs
+            mismatch.append((metrics["actor/rollout_mismatch"], metrics["actor/rollout_mismatch_max"]))
         tools = f"  tool use {metrics['agent/tool_use']:.2f}" if "agent/tool_use" in metrics else ""
         print(f"[demo] step {done:>3}  reward {metrics['critic/score/mean']:.3f}  response "
               f"{metrics['response_length/mean']:.1f} tokens{tools}  {metrics['timing_s/step']:.0f} s", flush=True)
@@ -156,7 +158,9 @@ def main(run_dir: str = "runs/demo-smollm2", minutes: float = 30.0, steps: int =
                                   "gain_points": round(100 * (after["accuracy"] - before["accuracy"]), 1)}
     summary.update({f"{name}_{when}": point[name] for name in before for when, point in
                     (("before_rl", before), ("after_rl", after))})
-    summary.update({"rollout_mismatch_mean": round(statistics.fmean(mismatch), 5) if mismatch else None,
-                    "curve": curve, "wall_s": round(time.perf_counter() - start, 1), "run_dir": str(root / "grpo")})
+    if mismatch:  # |log-prob(training) - log-prob(rollout)| per response token: the steps' mean, and the largest
+        summary.update({"rollout_mismatch_mean": float(f"{statistics.fmean(mean for mean, _ in mismatch):.3g}"),
+                        "rollout_mismatch_max": float(f"{max(largest for _, largest in mismatch):.3g}")})
+    summary.update({"curve": curve, "wall_s": round(time.perf_counter() - start, 1), "run_dir": str(root / "grpo")})
     print(json.dumps(summary, indent=2))
     return summary
