@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from hybridflow_lab.controller import Dispatch, Worker, register
@@ -76,3 +78,44 @@ class HybridEngineProbe(Worker):
         (logits.log_softmax(-1)[..., 3] * attention_mask).mean().neg().backward()
         self.optimizer.step()
         self.optimizer.zero_grad()
+
+
+class PipelineProbe(Worker):
+    """Builds one pipeline stage (of a mesh's ``pp`` axis, TP-sharded along its ``tp`` axis) from a full checkpoint;
+    runs a schedule over this data-parallel replica's rows of a batch and sums the gradients over replicas."""
+
+    def __init__(self, model_dir: str) -> None:
+        self.full = load_causal_lm(model_dir)
+
+    def axis(self, mesh: str, name: str) -> tuple[int, int, object]:
+        """This rank's (size, coordinate, group) along axis ``name`` of ``mesh`` ((1, 0, None) if it has none)."""
+        device_mesh = self.device_mesh(mesh)
+        if name not in device_mesh.mesh_dim_names:
+            return 1, 0, None
+        return (device_mesh.size(device_mesh.mesh_dim_names.index(name)), device_mesh.get_local_rank(name),
+                device_mesh.get_group(name))
+
+    @register(Dispatch.ONE_TO_ALL)
+    def loss_and_grads(self, mesh: str, input_ids: torch.Tensor, attention_mask: torch.Tensor, schedule: str,
+                       micro_batches: int) -> dict:
+        """Each micro-batch's loss (the last stage's; a fixed sum over tokens) and this stage's gradients."""
+        from hybridflow_lab.models.pipeline import DecoderStage, Pipeline
+
+        stages, stage_index, pp_group = self.axis(mesh, "pp")
+        replicas, replica, dp_group = self.axis(mesh, "dp")
+        tp_size, tp_rank, tp_group = self.axis(mesh, "tp")
+        tp = TensorParallel(tp_size, tp_rank, tp_group)
+        stage = DecoderStage(shard_model(copy.deepcopy(self.full), tp), stage_index, stages)  # fresh gradients
+        rows = slice(replica * len(input_ids) // replicas, (replica + 1) * len(input_ids) // replicas)
+        ids, mask = input_ids[rows], attention_mask[rows]
+
+        def loss(logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+            return (logits.log_softmax(-1)[..., 3] * mask[indices]).sum()
+
+        losses = Pipeline(stage, pp_group, schedule).run(ids, mask, micro_batches, loss, train=True)
+        grads = {name: p.grad for name, p in stage.named_parameters()}
+        if replicas > 1:
+            for grad in grads.values():
+                torch.distributed.all_reduce(grad, group=dp_group)
+        return {"stage": stage_index, "tp": (tp_size, tp_rank), "losses": [float(value.detach()) for value in losses],
+                "grads": grads}
