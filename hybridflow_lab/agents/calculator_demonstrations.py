@@ -10,12 +10,11 @@ as a model that has not learned when to call does. RL then has both behaviours t
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Protocol
 
 from hybridflow_lab.agents.call_formats import CallFormat
-from hybridflow_lab.tasks.base import Example, Task, in_share
+from hybridflow_lab.tasks.base import Example, Task, WrappedTask, in_share
 from hybridflow_lab.tasks.calculator import calc
 
 
@@ -26,25 +25,12 @@ class ExpressionTask(Task, Protocol):
 
 
 @dataclass(frozen=True)
-class CalculatorDemonstrations:
+class CalculatorDemonstrations(WrappedTask):
     """``task``'s worked exchanges for a warm start, calling ``calc`` in ``call_format`` in a ``share`` of them."""
 
     task: ExpressionTask
     call_format: CallFormat
     share: float
-
-    @property
-    def name(self) -> str:
-        return self.task.name
-
-    def sample(self, rng: random.Random) -> Example:
-        return self.task.sample(rng)
-
-    def reward(self, prompt: str, response: str, ground_truth: str) -> float:
-        return self.task.reward(prompt, response, ground_truth)
-
-    def demonstration(self, example: Example) -> str:
-        return self.task.demonstration(example)
 
     def episode(self, example: Example) -> list[tuple[str, str | None]]:
         """Each policy turn's text and the tool's answer to it (None after the last)."""

@@ -9,11 +9,10 @@ The number of turns to success falls as training makes first answers right (``ag
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 from hybridflow_lab.agents.environment import Role, StepResult
-from hybridflow_lab.tasks.base import Example, Task, in_share
+from hybridflow_lab.tasks.base import Example, Task, WrappedTask, in_share
 
 TRY_AGAIN = "wrong, try again"  # the feedback of a task that has no ``feedback`` method
 
@@ -52,28 +51,14 @@ class FeedbackEnvironment:
 
 
 @dataclass(frozen=True)
-class RetryDemonstrations:
+class RetryDemonstrations(WrappedTask):
     """``task`` for a feedback run's warm start: in a ``share`` of the worked exchanges (picked by a hash of the
     prompt) a wrong first answer (the right one rotated by a character), the checker's feedback, then the right
     answer; the others answer right at once. A policy that starts there solves in about ``1 + share`` turns, and RL
     (with a retry discount) teaches it to solve at the first try: its turns to a solution fall."""
 
-    task: Task
     share: float
     episode_role: Role = "user"
-
-    @property
-    def name(self) -> str:
-        return self.task.name
-
-    def sample(self, rng: random.Random) -> Example:
-        return self.task.sample(rng)
-
-    def reward(self, prompt: str, response: str, ground_truth: str) -> float:
-        return self.task.reward(prompt, response, ground_truth)
-
-    def demonstration(self, example: Example) -> str:
-        return self.task.demonstration(example)
 
     def episode(self, example: Example) -> list[tuple[str, str | None]]:
         """The worked exchange: each answer and the feedback to it (None after the right one)."""

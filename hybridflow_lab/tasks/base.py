@@ -39,6 +39,27 @@ class Task(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class WrappedTask:
+    """A task that draws, scores and demonstrates as ``task`` does; a subclass adds what else it does (a warm
+    start's worked exchanges, ``episode``)."""
+
+    task: Task
+
+    @property
+    def name(self) -> str:
+        return self.task.name
+
+    def sample(self, rng: random.Random) -> Example:
+        return self.task.sample(rng)
+
+    def reward(self, prompt: str, response: str, ground_truth: str) -> float:
+        return self.task.reward(prompt, response, ground_truth)
+
+    def demonstration(self, example: Example) -> str:
+        return self.task.demonstration(example)
+
+
 def in_share(example: Example, share: float) -> bool:
     """Whether ``example`` falls in a ``share`` of all examples, picked by a stable hash of its prompt (the worked
     exchanges of a warm start that vary by example: which call a tool, which retry)."""
