@@ -6,10 +6,13 @@ import copy
 
 import torch
 
+from hybridflow_lab import DataBatch
 from hybridflow_lab.controller import Dispatch, Worker, register
+from hybridflow_lab.engines.training_state import TrainingState
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.models.decoder import shard_model
 from hybridflow_lab.models.tensor_parallel import TensorParallel
+from hybridflow_lab.workers.trained_role import TrainedRole
 
 
 class TensorParallelProbe(Worker):
@@ -80,6 +83,15 @@ class HybridEngineProbe(Worker):
         self.optimizer.zero_grad()
 
 
+def mesh_axis(worker: Worker, mesh: str, name: str) -> tuple[int, int, object]:
+    """``worker``'s (size, coordinate, group) along axis ``name`` of ``mesh`` ((1, 0, None) if it has none)."""
+    device_mesh = worker.device_mesh(mesh)
+    if name not in device_mesh.mesh_dim_names:
+        return 1, 0, None
+    return (device_mesh.size(device_mesh.mesh_dim_names.index(name)), device_mesh.get_local_rank(name),
+            device_mesh.get_group(name))
+
+
 class PipelineProbe(Worker):
     """Builds one pipeline stage (of a mesh's ``pp`` axis, TP-sharded along its ``tp`` axis) from a full checkpoint;
     runs a schedule over this data-parallel replica's rows of a batch and sums the gradients over replicas."""
@@ -87,23 +99,15 @@ class PipelineProbe(Worker):
     def __init__(self, model_dir: str) -> None:
         self.full = load_causal_lm(model_dir)
 
-    def axis(self, mesh: str, name: str) -> tuple[int, int, object]:
-        """This rank's (size, coordinate, group) along axis ``name`` of ``mesh`` ((1, 0, None) if it has none)."""
-        device_mesh = self.device_mesh(mesh)
-        if name not in device_mesh.mesh_dim_names:
-            return 1, 0, None
-        return (device_mesh.size(device_mesh.mesh_dim_names.index(name)), device_mesh.get_local_rank(name),
-                device_mesh.get_group(name))
-
     @register(Dispatch.ONE_TO_ALL)
     def loss_and_grads(self, mesh: str, input_ids: torch.Tensor, attention_mask: torch.Tensor, schedule: str,
                        micro_batches: int) -> dict:
         """Each micro-batch's loss (the last stage's; a fixed sum over tokens) and this stage's gradients."""
         from hybridflow_lab.models.pipeline import DecoderStage, Pipeline
 
-        stages, stage_index, pp_group = self.axis(mesh, "pp")
-        replicas, replica, dp_group = self.axis(mesh, "dp")
-        tp_size, tp_rank, tp_group = self.axis(mesh, "tp")
+        stages, stage_index, pp_group = mesh_axis(self, mesh, "pp")
+        replicas, replica, dp_group = mesh_axis(self, mesh, "dp")
+        tp_size, tp_rank, tp_group = mesh_axis(self, mesh, "tp")
         tp = TensorParallel(tp_size, tp_rank, tp_group)
         stage = DecoderStage(shard_model(copy.deepcopy(self.full), tp), stage_index, stages)  # fresh gradients
         rows = slice(replica * len(input_ids) // replicas, (replica + 1) * len(input_ids) // replicas)
@@ -119,3 +123,53 @@ class PipelineProbe(Worker):
                 torch.distributed.all_reduce(grad, group=dp_group)
         return {"stage": stage_index, "tp": (tp_size, tp_rank), "losses": [float(value.detach()) for value in losses],
                 "grads": grads}
+
+
+class PipelineEngineProbe(TrainedRole):
+    """The engine tests' training steps with the pipeline engine, on a mesh of ``pp``, ``dp`` and ``tp`` axes: every
+    stage of a data-parallel replica takes the replica's rows; AdamW with EngineProbe's settings."""
+
+    def __init__(self, model_dir: str) -> None:
+        self.model_dir = model_dir
+
+    @register(Dispatch.ONE_TO_ALL)
+    def start(self, mesh: str, schedule: str, micro_batches: int, state: TrainingState | None = None) -> None:
+        """A new engine for the layout ``mesh`` (collective), continuing from ``state`` (any engine's and layout's)
+        if given."""
+        from hybridflow_lab.config import OptimConfig
+        from hybridflow_lab.engines.pipeline_engine import PipelineEngine
+
+        stages, stage, pp_group = mesh_axis(self, mesh, "pp")
+        self.replicas, self.replica, dp_group = mesh_axis(self, mesh, "dp")
+        tp = TensorParallel(*mesh_axis(self, mesh, "tp"))
+        torch.manual_seed(0)
+        model = load_causal_lm(self.model_dir)
+        if state is not None:
+            state.load_weights_into(model)
+        self.engine = PipelineEngine(shard_model(model, tp), OptimConfig(lr=1e-2, grad_clip=1.0), stage, stages,
+                                     pp_group, dp_group, tp, schedule, self.device)
+        if state is not None:
+            self.engine.load_training_state(state)
+        self.micro_batches = micro_batches
+
+    @register(Dispatch.ONE_TO_ALL)
+    def train(self, batch: DataBatch, steps: int) -> list[float]:
+        """``steps`` optimizer steps on this replica's rows; the global mean losses."""
+        from hybridflow_lab.engines.forward import count_response_tokens, response_nll
+
+        rows = batch.chunk(self.replicas)[self.replica]
+        return [self.engine.train_step(rows.chunk(self.micro_batches), response_nll, count_response_tokens)["loss"]
+                for _ in range(steps)]
+
+    @register(Dispatch.ONE_TO_ALL)
+    def weights(self) -> dict[str, torch.Tensor]:
+        return self.engine.full_state_dict()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def log_probs(self, batch: DataBatch, rows: int) -> torch.Tensor:
+        """The response log-probs of ``batch`` (every replica the whole of it) in micro-batches of ``rows`` rows (the
+        last one fewer), through the pipeline's forward-only passes."""
+        from hybridflow_lab.engines.forward import response_log_probs
+
+        parts = self.engine.infer(batch.split(rows), lambda module, micro: response_log_probs(module, micro))
+        return torch.cat([log_probs for log_probs, _ in parts])

@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from hybridflow_lab.config import OptimConfig
-from hybridflow_lab.controller import ResourcePool, Role, WorkerGroup
+from hybridflow_lab.controller import Mesh, ResourcePool, Role, WorkerGroup
+from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.host_offload import HostCopies, offload_optimizer_state, reload_optimizer_state
 from hybridflow_lab.engines.train_base import StepMetrics, build_optimizer, build_scheduler
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.smoke.checks import sequences
 from tests.engine_workers import EngineProbe
+from tests.hybrid_workers import PipelineEngineProbe
 
 ENGINES = [("torch", 0), ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3), ("fsdp", 0)]
 WITH_OFFLOAD = [(*engine, False) for engine in ENGINES] + [("deepspeed", 2, True), ("deepspeed", 3, True)]
@@ -90,6 +92,57 @@ def test_two_ranks_match_the_single_process_reference_across_a_checkpoint(ray_cl
         assert group.train(sequences(seed=1), steps=2).meta["losses"] == pytest.approx(later, rel=1e-5)
         group.load_checkpoint(str(tmp_path / "ckpt"))  # back to the weights, moments and step count of step 3
         assert group.train(sequences(seed=1), steps=2).meta["losses"] == pytest.approx(later, rel=1e-5)
+    finally:
+        group.shutdown()
+
+
+PIPELINE_LAYOUTS = {"p2 t2": (Mesh.of(pp=2, dp=1, tp=2), "1f1b", 4), "p2 d2": (Mesh.of(pp=2, dp=2), "gpipe", 2),
+                    "p4": (Mesh.of(pp=4, dp=1), "1f1b", 4)}  # mesh, schedule, micro-batches per replica
+
+
+@pytest.mark.ray
+def test_pipeline_parallel_training_matches_the_single_process_reference_across_a_checkpoint(
+        ray_cluster, model_dir, reference, tmp_path):
+    """Pipeline stages with tensor or data parallelism, or alone, on 4 ranks: the reference's losses and weights
+    after three steps, and its next two steps again after loading the checkpoint saved before them; and its three
+    steps taken by one process, the pipeline and one process again, each continuing the last one's training state
+    (the path ``Lab.reconfigure`` takes)."""
+    losses, weights, later = reference
+    meshes = {name: mesh for name, (mesh, _, _) in PIPELINE_LAYOUTS.items()}
+    group = WorkerGroup(Role(PipelineEngineProbe, model_dir), ResourcePool(4), meshes=meshes, name="pp-engine")
+    try:
+        for layout, (_, schedule, micro_batches) in PIPELINE_LAYOUTS.items():
+            group.start(layout, schedule, micro_batches)
+            assert group.train(sequences(), 3) == [pytest.approx(losses, rel=1e-5)] * 4, layout
+            for rank_weights in group.weights():
+                assert rank_weights.keys() == weights.keys(), layout
+                for name, value in weights.items():
+                    diff = (rank_weights[name] - value).abs()  # as the other engines' (Adam and rounding noise)
+                    assert diff.max() < 1e-3 and diff.mean() < 1e-5, f"{layout}: {name}"
+            trained = load_causal_lm(model_dir)
+            trained.load_state_dict(rank_weights)
+            expected = response_log_probs(trained, sequences(seed=2))[0].detach()
+            for log_probs in group.log_probs(sequences(seed=2), 3):  # micro-batches of 3, 3 and 2 rows
+                torch.testing.assert_close(log_probs, expected, rtol=1e-5, atol=1e-5, msg=layout)
+            checkpoint = tmp_path / layout.replace(" ", "")
+            group.save_checkpoint(str(checkpoint))
+            assert group.train(sequences(seed=1), 2) == [pytest.approx(later, rel=1e-5)] * 4, layout
+            group.load_checkpoint(str(checkpoint))
+            assert group.train(sequences(seed=1), 2) == [pytest.approx(later, rel=1e-5)] * 4, layout
+        # the training state moves into and out of the pipeline: one process, then p2 t2, then one process again
+        seen, state = [], None
+        for hop in ("torch", "p2 t2", "torch"):
+            if hop == "torch":
+                single = WorkerGroup(Role(EngineProbe, model_dir, "torch", micro_batches=4, state=state),
+                                     backend="local", name="hop-torch")
+                seen += single.train(sequences(), steps=1).meta["losses"]
+                state = single.training_state()[0]
+                single.shutdown()
+            else:
+                group.start(hop, "1f1b", 4, state)
+                seen += group.train(sequences(), 1)[0]
+                state = group.training_state()[0]
+        assert seen == pytest.approx(losses, rel=1e-5)
     finally:
         group.shutdown()
 

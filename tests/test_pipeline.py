@@ -45,7 +45,7 @@ def test_pipelined_losses_and_gradients_equal_the_single_process_model(ray_clust
         for (layout, mesh), schedule in zip(layouts.items(), ("1f1b", "gpipe", "1f1b"), strict=True):
             replicas = mesh.axis_size("dp")
             rows = len(ids) // replicas // MICRO_BATCHES
-            expected = [float(per_token[start : start + rows].sum()) for start in range(0, len(ids), rows)]
+            expected = [float(per_token[start : start + rows].sum().detach()) for start in range(0, len(ids), rows)]
             outs = group.loss_and_grads(layout, ids, mask, schedule, MICRO_BATCHES)
             last = [out["losses"] for out in outs if out["stage"] == mesh.axis_size("pp") - 1]
             # each last stage's replica holds its rows' micro-batches, in order (its TP peers the same)
@@ -58,3 +58,31 @@ def test_pipelined_losses_and_gradients_equal_the_single_process_model(ray_clust
                                                rtol=1e-4, atol=2e-5, msg=f"{layout}: {name}")
     finally:
         group.shutdown()
+
+
+def test_micro_batches_padded_to_one_shape_keep_their_losses(model_dir):
+    from hybridflow_lab.engines.forward import count_response_tokens, response_nll
+    from hybridflow_lab.engines.pipeline_engine import padded_alike
+    from hybridflow_lab.smoke.checks import sequences
+
+    model = load_causal_lm(model_dir)
+    short, long = sequences(rows=8, response=6, seed=1), sequences(rows=6, response=10, seed=2)
+    padded = padded_alike([short, long])
+    assert [tuple(micro["input_ids"].shape) for micro in padded] == [(8, 16), (8, 16)]
+    assert [tuple(micro["responses"].shape) for micro in padded] == [(8, 10), (8, 10)]
+    for micro, padded_micro in zip((short, long), padded, strict=True):
+        assert count_response_tokens(padded_micro) == count_response_tokens(micro)
+        torch.testing.assert_close(response_nll(model, padded_micro)[0], response_nll(model, micro)[0])
+
+
+def test_a_schedule_that_cannot_run_the_batch_is_refused_before_any_stage_starts(model_dir):
+    from hybridflow_lab.models.pipeline import Pipeline
+
+    pipeline = Pipeline(DecoderStage(load_causal_lm(model_dir), 0, 2), None, "1f1b")
+    ids = torch.ones(6, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"1F1B schedule needs at least as many micro-batches as stages \(2\); got 1"):
+        pipeline.run(ids, torch.ones_like(ids), 1, lambda logits, rows: logits.sum(), train=True)
+    with pytest.raises(ValueError, match="6 rows do not split into 4 equal micro-batches"):
+        pipeline.run(ids, torch.ones_like(ids), 4, lambda logits, rows: logits.sum(), train=True)
+    with pytest.raises(ValueError, match="unknown pipeline schedule 'zb'; schedules: 1f1b, gpipe"):
+        Pipeline(pipeline.stage, None, "zb")

@@ -81,6 +81,11 @@ class TorchEngine(TorchOptimizerEngine):
                                                                                 copy=True)
                                            for key, value in moments[name].items()}
 
+    def _writes_model_dir(self) -> bool:
+        """Whether this rank writes the checkpoint's model directory (one rank of the data-parallel replicas that do
+        write: the first TP shard's)."""
+        return self.tp.rank == 0
+
     def _optimizer_file(self, path: Path) -> Path:
         return path / (f"optimizer-tp{self.tp.rank}.pt" if self.tp.enabled else "optimizer.pt")
 
@@ -90,9 +95,9 @@ class TorchEngine(TorchOptimizerEngine):
         path = Path(path)
         state = self.full_state_dict()  # collective under TP
         if not dist.is_initialized() or dist.get_rank(self.group) == 0:
-            if self.tp.rank == 0 and has_adapters(self._model):
+            if self._writes_model_dir() and has_adapters(self._model):
                 save_adapters(self._model, path, state)
-            elif self.tp.rank == 0:
+            elif self._writes_model_dir():
                 save_model_dir(self._model, path, state=state)
             if self.tp.enabled:
                 dist.barrier(group=self.tp.group)  # the directory exists before the other shards write into it

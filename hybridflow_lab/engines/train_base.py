@@ -38,6 +38,7 @@ from hybridflow_lab.protocol import DataBatch
 # loss_fn(module, micro_batch) -> (loss summed over units, metrics summed over units)
 LossFn = Callable[[nn.Module, DataBatch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 CountFn = Callable[[DataBatch], float]
+MicroLossFn = Callable[[nn.Module, DataBatch], torch.Tensor]  # a micro-batch's loss summed over its units
 TOKEN_COUNT = "tokens"  # the step's valid tokens, among the sums: what token means are divided by
 
 
@@ -266,19 +267,30 @@ class TrainEngine(ABC):
         self.global_step += 1
         return {**result, "grad_norm": grad_norm, "lr": lr, "nonfinite_skipped": 0.0}
 
+    def backward_passes(self, micro_batches: Sequence[DataBatch], loss_fn: MicroLossFn, metrics: StepMetrics) -> None:
+        """The forward and backward passes of an optimizer step: ``loss_fn(module, micro_batch)`` is a micro-batch's
+        loss summed over its units (it may add to ``metrics``), and its gradients, times ``metrics.scale``, add up
+        into the step's. A pipeline-parallel engine runs them through its schedule instead of one by one."""
+        for index, micro in enumerate(micro_batches):
+            with self.accumulating(last=index == len(micro_batches) - 1):
+                with self.precision():
+                    loss = loss_fn(self.module, micro)
+                self.backward(loss * metrics.scale)
+
     def train_step(self, micro_batches: Sequence[DataBatch], loss_fn: LossFn, count_fn: CountFn) -> dict[str, float]:
         """One optimizer step over ``micro_batches`` with ``loss_fn``, whose loss and metrics are sums over the units
         ``count_fn`` counts (supervised fine-tuning, the benches); the mean ``loss`` and metrics, as ``step``."""
         if not micro_batches:
             raise ValueError("train_step needs at least one micro-batch")
         metrics = self.start_step(sum(count_fn(mb) for mb in micro_batches))
-        for index, mb in enumerate(micro_batches):
-            with self.accumulating(last=index == len(micro_batches) - 1):
-                with self.precision():
-                    loss, sums = loss_fn(self.module, mb)
-                self.backward(loss * metrics.scale)
+
+        def loss_and_sums(module: nn.Module, micro: DataBatch) -> torch.Tensor:
+            loss, sums = loss_fn(module, micro)
             for key, value in {"loss": loss, **sums}.items():
                 metrics.add(key, value)
+            return loss
+
+        self.backward_passes(micro_batches, loss_and_sums, metrics)
         return self.step(metrics)
 
     def _not_applied(self, bad: dict[str, float], result: dict[str, float], norm: float | None, lr: float,

@@ -90,24 +90,47 @@ class Pipeline:
         self.stage, self.group, self.schedule, self.device = stage, group, schedule, device
 
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, micro_batches: int, fn: RowsFn,
-            train: bool) -> list[torch.Tensor]:
+            train: bool, module: nn.Module | None = None) -> list[torch.Tensor]:
         """``fn`` of each of ``micro_batches`` micro-batches of the batch (equal row chunks), in order, on the last
         stage ([] on the others); with ``train``, ``fn`` returns the micro-batch's loss and its gradients accumulate
-        on every stage's parameters (summed over micro-batches, not averaged). Every stage passes the same batch;
-        only the first reads its token ids, and only the last its rows."""
-        if micro_batches < self.stage.stages and self.schedule == "1f1b":
+        on every stage's parameters (summed over micro-batches, not averaged); 1F1B needs at least as many
+        micro-batches as stages to train. Every stage passes the same batch;
+        only the first reads its token ids, and only the last its rows. ``module`` runs the stage (default the stage
+        itself; a DDP wrapper of it, whose gradients the schedule then averages over the replicas)."""
+        if train and micro_batches < self.stage.stages and self.schedule == "1f1b":
             raise ValueError(f"the 1F1B schedule needs at least as many micro-batches as stages "
                              f"({self.stage.stages}); got {micro_batches}")
-        # a new stage per call: its P2P buffers are shaped by the first micro-batch, and batches differ in length
-        stage = PipelineStage(self.stage, self.stage.index, self.stage.stages, torch.device(self.device),
-                              group=self.group)
-        schedule = SCHEDULES[self.schedule](stage, n_microbatches=micro_batches, loss_fn=fn, scale_grads=False)
-        outputs: list[torch.Tensor] = []
+        if len(input_ids) % micro_batches:
+            raise ValueError(f"{len(input_ids)} rows do not split into {micro_batches} equal micro-batches")
+        # a new stage per call, told the shapes it sends and receives: batches differ in length, and a stage left
+        # to infer them runs a micro-batch (and ``fn``) once more
+        inputs, outputs = self._activations(len(input_ids) // micro_batches, input_ids.shape[1])
+        stage = PipelineStage(module or self.stage, self.stage.index, self.stage.stages, torch.device(self.device),
+                              input_args=inputs, output_args=outputs, group=self.group)
+        # forward-only passes are the same in every schedule: GPipe's, which takes any number of micro-batches
+        kind = SCHEDULES[self.schedule] if train else ScheduleGPipe
+        schedule = kind(stage, n_microbatches=micro_batches, loss_fn=fn, scale_grads=False)
+        results: list[torch.Tensor] = []
         first = (input_ids,) if self.stage.is_first else ()
         kwargs = {"attention_mask": attention_mask} if self.stage.is_first else {}
         target = torch.arange(len(input_ids)) if self.stage.is_last else None
         step = schedule.step if train else schedule.eval
         with torch.enable_grad() if train else torch.no_grad():
-            step(*first, target=target, losses=outputs if self.stage.is_last else None, return_outputs=False,
+            step(*first, target=target, losses=results if self.stage.is_last else None, return_outputs=False,
                  **kwargs)
-        return outputs
+        return results
+
+    def _activations(self, rows: int, length: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """What this stage receives and sends for one micro-batch of ``rows`` x ``length`` tokens, as meta tensors:
+        token ids, or the hidden states (the weights' dtype: the residual stream stays in it under autocast) and
+        the attention mask; then the hidden states and mask, or the logits (autocast's dtype where it is on)."""
+        config, dtype = self.stage.config, next(self.stage.parameters()).dtype
+
+        def meta(*shape: int, dtype: torch.dtype) -> torch.Tensor:  # floats carry gradients back, ids and masks not
+            return torch.empty(shape, dtype=dtype, device="meta", requires_grad=dtype.is_floating_point)
+
+        between = (meta(rows, length, config.hidden_size, dtype=dtype), meta(rows, length, dtype=torch.long))
+        inputs = (meta(rows, length, dtype=torch.long),) if self.stage.is_first else between
+        device = torch.device(self.device).type
+        logits = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else dtype
+        return inputs, (meta(rows, length, config.vocab_size, dtype=logits),) if self.stage.is_last else between

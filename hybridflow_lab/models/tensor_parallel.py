@@ -159,11 +159,12 @@ def gather_state_dict(model: torch.nn.Module, tp: TensorParallel) -> dict[str, t
     return {name: gather(value, name, tp) for name, value in model.state_dict().items()}
 
 
-def clip_grad_norm(model: torch.nn.Module, max_norm: float, tp: TensorParallel) -> torch.Tensor:
+def clip_grad_norm(model: torch.nn.Module, max_norm: float, tp: TensorParallel, stages: Any = None) -> torch.Tensor:
     """Clip the gradients by the norm of the *whole* model's gradient, as if it were not sharded.
 
     Sharded gradients add up over the group; replicated ones (norm weights) are equal on every
-    rank and count once. Every rank gets the same norm, hence the same clip factor.
+    rank and count once. ``model`` may be one pipeline stage: ``stages`` (the pipeline's process group) adds up
+    the stages' parts. Every rank gets the same norm, hence the same clip factor.
     """
     named = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
     sharded = [g for n, g in named if split_dim(n) is not None]
@@ -173,6 +174,8 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float, tp: TensorParallel) 
                            for gs in (sharded, replicated)])
     if tp.enabled:
         dist.all_reduce(squares[:1], group=tp.group)
+    if stages is not None:
+        dist.all_reduce(squares, group=stages)
     total = squares.sum().sqrt()
     torch.nn.utils.clip_grads_with_norm_([p for p in model.parameters() if p.grad is not None], max_norm, total)
     return total

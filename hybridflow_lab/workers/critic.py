@@ -9,6 +9,7 @@ from hybridflow_lab.config import LabConfig
 from hybridflow_lab.controller import Dispatch, register
 from hybridflow_lab.engines import TrainingState
 from hybridflow_lab.engines.forward import response_values
+from hybridflow_lab.engines.train_base import StepMetrics
 from hybridflow_lab.models.heads import load_scalar_model
 from hybridflow_lab.protocol import DataBatch
 from hybridflow_lab.workers.batching import mean_over_steps, micro_batches, optimizer_steps
@@ -47,17 +48,17 @@ class CriticWorker(TrainedRole):
         steps = []
         for micros in optimizer_steps(batch, self.config.batch, self.data_parallel_size, seed, engine):
             metrics = engine.start_step(sum(loss_units(micro["response_mask"], mode, norm) for micro in micros))
-            for index, micro in enumerate(micros):
+
+            def micro_loss(module: torch.nn.Module, micro: DataBatch, metrics: StepMetrics = metrics) -> torch.Tensor:
                 mask = micro["response_mask"]
-                with engine.accumulating(last=index == len(micros) - 1):
-                    with engine.precision():
-                        values = self._values(engine.module, micro)
-                        value_loss, diagnostics = clipped_value_loss(values, micro["values"], micro["returns"], mask,
-                                                                     algorithm.value_clip)
-                        loss_sum = aggregate(value_loss, mask, mode, norm)[0]
-                        metrics.add("loss", loss_sum)
-                        metrics.add_token_means(diagnostics, mask)
-                    engine.backward(loss_sum * metrics.scale)
+                value_loss, diagnostics = clipped_value_loss(self._values(module, micro), micro["values"],
+                                                             micro["returns"], mask, algorithm.value_clip)
+                loss_sum = aggregate(value_loss, mask, mode, norm)[0]
+                metrics.add("loss", loss_sum)
+                metrics.add_token_means(diagnostics, mask)
+                return loss_sum
+
+            engine.backward_passes(micros, micro_loss, metrics)
             steps.append(engine.step(metrics, self.config.trainer.on_nonfinite == "skip"))
         return DataBatch(meta={"metrics": {f"critic/{'vf_loss' if k == 'loss' else k}": v
                                            for k, v in mean_over_steps(steps).items()}})
