@@ -3,6 +3,7 @@ trajectories and their masks, and the multi-turn loop's endings."""
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
@@ -525,3 +526,37 @@ def test_calculator_demonstrations_call_calc_on_a_reasoning_gym_expression_in_th
     assert call.name == "calc" and f"{left} * {right}" in example.prompt and result == str(left * right)
     assert answer == f"<answer>{left * right}</answer>" and done is None
     assert task.reward(example.prompt, answer, example.answer) == 1.0  # reasoning-gym's scorer agrees
+
+
+@pytest.mark.parametrize("algorithm", [["algorithm.name=rloo"], ["algorithm.name=ppo"],
+                                       ["algorithm.policy_loss=gspo"]], ids=["rloo", "ppo", "gspo"])
+def test_each_algorithm_trains_on_trajectories_with_advantages_on_the_policys_tokens_only(tmp_path, algorithm):
+    from hybridflow_lab.demos.warm_cache import cached_warm_start
+    from hybridflow_lab.trainer.lab import Lab
+    from tests.test_lab import local_overrides
+
+    model_dir, _ = cached_warm_start("calculator", 0, 200)  # tutorial 13's: it calls the tool in some rollouts
+    lab = Lab("calculator_grpo", overrides=local_overrides(model_dir, tmp_path / "run", "rollout.max_new_tokens=16",
+                                                           *algorithm))
+    try:
+        metrics = lab.step()
+        batch = lab.last_batch
+        policy = batch["response_mask"].bool()
+        real = batch["attention_mask"][:, batch["prompts"].shape[1]:].bool()
+        assert (real & ~policy).any()  # some trajectories hold a tool's answer
+        assert (batch["advantages"][~policy] == 0).all()  # observations and padding: no advantage, no gradient
+        assert batch["advantages"][policy].abs().sum() > 0 and math.isfinite(metrics["actor/pg_loss"])
+    finally:
+        lab.shutdown()
+
+
+def test_calculator_demonstrations_answer_at_once_where_the_calculator_cannot_read_the_expression():
+    from hybridflow_lab.agents.calculator_demonstrations import CalculatorDemonstrations
+    from hybridflow_lab.tasks import make_task
+
+    arithmetic = make_task("reasoning_gym", dataset="basic_arithmetic")
+    task = CalculatorDemonstrations(arithmetic, PLAIN, share=1.0)
+    examples = [task.sample(random.Random(i)) for i in range(40)]
+    unreadable = [e for e in examples if "-(" in arithmetic.expression(e).replace(" ", "")]
+    assert unreadable and all(task.episode(e) == [(task.demonstration(e), None)] for e in unreadable)
+    assert any(len(task.episode(e)) == 2 for e in examples)  # the others call the tool

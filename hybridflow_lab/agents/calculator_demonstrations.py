@@ -33,9 +33,15 @@ class CalculatorDemonstrations(WrappedTask):
     share: float
 
     def episode(self, example: Example) -> list[tuple[str, str | None]]:
-        """Each policy turn's text and the tool's answer to it (None after the last)."""
+        """Each policy turn's text and the tool's answer to it (None after the last). An expression the calculator
+        cannot read (reasoning-gym's negated brackets, ``-( 2 * 3 )``) is answered at once: no failing call is
+        shown."""
         answer = self.task.demonstration(example)
         expression = self.task.expression(example)
         if expression is None or not in_share(example, self.share):
             return [(answer, None)]
-        return [(self.call_format.call_text("calc", {"expression": expression}), calc(expression)), (answer, None)]
+        try:
+            result = calc(expression)
+        except ValueError:
+            return [(answer, None)]
+        return [(self.call_format.call_text("calc", {"expression": expression}), result), (answer, None)]

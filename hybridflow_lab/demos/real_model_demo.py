@@ -124,7 +124,7 @@ def main(run_dir: str = "runs/demo-smollm2", minutes: float = 30.0, steps: int =
     demo = REAL_TASKS[task]
     model = imported_model(root, model_name)
     if demo.sft_steps:
-        model = warm_started(model, demo, root / "sft", seed)
+        model = warm_started(model, demo, root / f"sft-seed{seed}", seed)
     quiet_ray()
     bf16 = native_bf16()
     lab = Lab(demo.preset, overrides=(f"actor.model_path={model}", f"trainer.run_dir={root / 'grpo'}", f"seed={seed}",
