@@ -136,17 +136,13 @@ class PipelineEngine(TorchEngine):
         Path(path).mkdir(parents=True, exist_ok=True)  # every stage writes its optimizer state into it
         super().save_checkpoint(path)
 
-    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
+    def _load_weights(self, path: Path) -> None:
         from hybridflow_lab.models.factory import load_matching, read_weights
         from hybridflow_lab.models.tensor_parallel import shard_state_dict
 
-        names = set(self.stage.state_dict())
+        names = set(self.stage.state_dict())  # this stage's part of the whole model's checkpoint
         weights = {name: value for name, value in read_weights(path).items() if name in names}
         load_matching(self.stage, shard_state_dict(weights, self.tp), str(path))
-        state = torch.load(self._optimizer_file(Path(path)), weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.global_step = state["global_step"]
 
 
 def _on_cpu(value: Any) -> Any:

@@ -108,11 +108,15 @@ class TorchEngine(TorchOptimizerEngine):
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
         path = Path(path)
-        if has_adapters(self._model):
-            load_adapters(self._model, path)
-        else:
-            load_weights(self._model, path, self.tp)
+        self._load_weights(path)
         state = torch.load(self._optimizer_file(path), weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = state["global_step"]
+
+    def _load_weights(self, path: Path) -> None:
+        """The checkpoint's weights (or LoRA adapters) into this rank's model."""
+        if has_adapters(self._model):
+            load_adapters(self._model, path)
+        else:
+            load_weights(self._model, path, self.tp)
