@@ -38,22 +38,20 @@ class TensorParallelProbe(Worker):
 
 
 class HybridEngineProbe(Worker):
-    """A TP-``t`` training model that reshards to TP ``tg`` (with any strategy) for greedy generation and
-    log-probs, then trains."""
+    """A training model of TP ``t`` (a stage of ``p`` where ``p > 1``) that reshards to TP ``tg`` (with any
+    strategy) for greedy generation and log-probs; its weights change by ``scale``."""
 
-    def __init__(self, model_dir: str, t: int, tg: int, torch_2_11: bool = False) -> None:
+    def __init__(self, model_dir: str, t: int, tg: int, torch_2_11: bool = False, p: int = 1) -> None:
         from hybridflow_lab.hybrid import STRATEGIES, ParallelLayout
-        from hybridflow_lab.hybrid.reshard import Resharder, process_groups
+        from hybridflow_lab.hybrid.reshard import Resharder, process_groups, training_shard
 
         if torch_2_11:  # the collective's name the lent GPU machines' torch lacks (this rank's process only)
             del torch.distributed.all_gather_single
 
-        full = load_causal_lm(model_dir)
-        layout = ParallelLayout(t=t, tg=tg, d=self.world_size // t)
+        layout = ParallelLayout(t=t, p=p, tg=tg, d=self.world_size // (t * p))
         groups = process_groups(self.device_mesh)
-        self.model = shard_model(full, TensorParallel(t, layout.training_tp_rank(self.rank), groups.training_tp))
+        self.model = training_shard(load_causal_lm(model_dir), layout, self.rank, groups)
         self.resharders = {s: Resharder(self.model, layout, self.rank, groups, s) for s in STRATEGIES}
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
 
     @register(Dispatch.ONE_TO_ALL)
     def generate_and_score(self, strategy: str, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
@@ -64,6 +62,7 @@ class HybridEngineProbe(Worker):
         from hybridflow_lab.protocol import DataBatch
 
         resharder = self.resharders[strategy]
+        training = {name: param.detach().clone() for name, param in self.model.named_parameters()}
         model, to_generation = resharder.to_generation()
         out = generate(model, prompt_ids, prompt_mask, SamplingParams(new_tokens, greedy=True, ignore_eos=True),
                        None, 0)
@@ -71,16 +70,17 @@ class HybridEngineProbe(Worker):
         with torch.no_grad():
             log_probs, _ = response_log_probs(model, batch)
         to_training = resharder.to_training()
+        kept = all(torch.equal(training[name], param) for name, param in self.model.named_parameters())
         return {"responses": batch["responses"], "log_probs": log_probs, "to_generation": to_generation,
-                "to_training": to_training}
+                "to_training": to_training, "training_shard_kept": kept}
 
     @register(Dispatch.ONE_TO_ALL)
-    def update(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
-        """One SGD step on a fixed loss (the same on every rank, so data-parallel replicas stay equal)."""
-        logits = self.model(input_ids, attention_mask)
-        (logits.log_softmax(-1)[..., 3] * attention_mask).mean().neg().backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad()
+    def scale(self, factor: float) -> None:
+        """Multiply every training weight by ``factor`` (a weight change a pipeline stage makes without running the
+        pipeline; elementwise, so the shards stay the full model's scaled shards to the bit)."""
+        with torch.no_grad():
+            for param in self.model.parameters():
+                param.mul_(factor)
 
 
 def mesh_axis(worker: Worker, mesh: str, name: str) -> tuple[int, int, object]:
@@ -137,7 +137,7 @@ class PipelineEngineProbe(TrainedRole):
         """A new engine for the layout ``mesh`` (collective), continuing from ``state`` (any engine's and layout's)
         if given."""
         from hybridflow_lab.config import OptimConfig
-        from hybridflow_lab.engines.pipeline_engine import PipelineEngine
+        from hybridflow_lab.engines.pipeline_engine import PipelineEngine, StagePlace
 
         stages, stage, pp_group = mesh_axis(self, mesh, "pp")
         self.replicas, self.replica, dp_group = mesh_axis(self, mesh, "dp")
@@ -146,8 +146,8 @@ class PipelineEngineProbe(TrainedRole):
         model = load_causal_lm(self.model_dir)
         if state is not None:
             state.load_weights_into(model)
-        self.engine = PipelineEngine(shard_model(model, tp), OptimConfig(lr=1e-2, grad_clip=1.0), stage, stages,
-                                     pp_group, dp_group, tp, schedule, self.device)
+        self.engine = PipelineEngine(shard_model(model, tp), OptimConfig(lr=1e-2, grad_clip=1.0),
+                                     StagePlace(stage, stages, pp_group, schedule), dp_group, tp, self.device)
         if state is not None:
             self.engine.load_training_state(state)
         self.micro_batches = micro_batches

@@ -83,6 +83,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     config_file = create_model_dir(root / "mistral_window_16", "tiny", "mistral") / "config.json"
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "sliding_window": 16}))
     create_model_dir(root / "qwen3_moe", "tiny", "qwen3_moe")
+    config_file = copy_model(tiny, root / "tied") / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "tie_word_embeddings": True}))
     adapters = LoraConfig(rank=8, alpha=16, target_modules=("q_proj", "v_proj"))
     save_adapters(apply_lora(load_causal_lm(tiny), adapters), root / "adapters_r8")
     return {path.name: str(path) for path in root.iterdir()}
@@ -97,6 +99,7 @@ TORCH_ENGINE = ("actor.engine.backend=torch",)
 PPO = ("algorithm.name=ppo",)
 DYNAMIC = ("algorithm.dynamic_sampling=true",)
 COMPILED_TP = (*TORCH_ENGINE, "actor.engine.tensor_parallel=2", "rollout.tensor_parallel=2")
+PIPELINE = (*TORCH_ENGINE, "actor.engine.remove_padding=false", "actor.engine.pipeline_parallel=2")
 
 
 GOOD_EXAMPLES = [{"question": f"{i} + {i} = ?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(1, 9)]
@@ -153,7 +156,8 @@ def test_the_inputs_the_tables_break_work(models, tmp_path):
                   (f"actor.model_path={models['phi3']}", "actor.lora.rank=4",
                    "actor.lora.target_modules=[qkv_proj, o_proj, gate_up_proj, down_proj]"),
                   ("rollout.decoding=onednn",),
-                  ("actor.engine.torch_compile=true", "critic.engine.torch_compile=true", *PPO)):
+                  ("actor.engine.torch_compile=true", "critic.engine.torch_compile=true", *PPO), PIPELINE,
+                  (*PIPELINE, "actor.engine.pipeline_schedule=gpipe", "batch.micro_batch_sequences_per_rank=64")):
         assert Lab(None, overrides=(*base, *extra), start=False).groups == {}
     config_file = tmp_path / "run.yaml"
     config_file.write_text("actor:\n  optim:\n    lr: 1.0e-5\n")
@@ -286,6 +290,29 @@ OVERRIDE_CASES = [
          "set actor.engine.backend=torch"),
     Case("critic_tp", [*PPO, "critic.engine.backend=torch", "critic.engine.tensor_parallel=2"], ConfigError,
          ("critic.engine.tensor_parallel",), "use 1"),
+    Case("pp_with_deepspeed", [*PIPELINE, "actor.engine.backend=deepspeed"], ConfigError,
+         ("actor.engine.backend", "pipeline_parallel=2"), "set actor.engine.backend=torch"),
+    Case("pp_with_remove_padding", [*PIPELINE, "actor.engine.remove_padding=true"], ConfigError,
+         ("actor.engine.remove_padding", "padded shape"), "set actor.engine.remove_padding=false"),
+    Case("pp_with_token_budget", [*PIPELINE, "batch.micro_batch_tokens_per_rank=256"], ConfigError,
+         ("batch.micro_batch_tokens_per_rank",), "set it to 0"),
+    Case("pp_with_lora", [*PIPELINE, "actor.lora.rank=4"], ConfigError, ("actor.lora.rank",),
+         "or set actor.engine.pipeline_parallel=1"),
+    Case("pp_not_dividing_ranks", [*PIPELINE, "actor.engine.pipeline_parallel=3"], ConfigError,
+         ("actor.engine.pipeline_parallel", "the 2 ranks"), "use one of [1, 2]"),
+    Case("pp_not_dividing_layers", [*PIPELINE, "actor.ranks=3", "actor.engine.pipeline_parallel=3"], ConfigError,
+         ("actor.engine.pipeline_parallel", "4 layers", "they would take 2, 1, 1 layers"), "use one of [1, 2, 4]"),
+    Case("pp_with_tied_embeddings", [*PIPELINE, "actor.model_path={tied}"], ConfigError,
+         ("actor.engine.pipeline_parallel", "tie_word_embeddings"), "set actor.engine.pipeline_parallel=1"),
+    Case("pp_on_the_transformers_path", [*PIPELINE, "actor.model_path={phi3}"], ConfigError,
+         ("actor.engine.pipeline_parallel", "transformers path", "pipeline stages"), "set it to 1"),
+    Case("pp_1f1b_with_fewer_micro_batches_than_stages", [*PIPELINE, "batch.micro_batch_sequences_per_rank=64"],
+         ConfigError, ("batch.micro_batch_sequences_per_rank", "1 micro-batch(es)", "needs at least 2"),
+         "use at most 32, or set actor.engine.pipeline_schedule=gpipe"),
+    Case("pp_unknown_schedule", [*PIPELINE, "actor.engine.pipeline_schedule=interleaved"], ConfigError,
+         ("actor.engine.pipeline_schedule", "'interleaved'"), "gpipe runs every forward"),
+    Case("critic_pp", [*PPO, "critic.engine.backend=torch", "critic.engine.pipeline_parallel=2"], ConfigError,
+         ("critic.engine.pipeline_parallel", "only the actor"), "use 1"),
     # more ranks than a pool has
     Case("colocated_ranks_differ", [*PPO, "critic.ranks=1"], ConfigError, ("critic.pool", "actor (2 ranks)"),
          "set critic.ranks=2, or critic.pool=critic"),

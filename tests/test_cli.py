@@ -40,14 +40,14 @@ def test_controller_demo_runs_the_dataflow_and_prints_spans():
 @pytest.mark.ray
 def test_the_calculator_demo_learns_to_call_the_tool_and_reports_accuracy_before_after_and_the_curve(tmp_path):
     """The agentic demo end to end (multi-turn rollouts on 2 Ray ranks, DeepSpeed), shortened: a warm start of 200
-    steps (it calls the tool in 30% of its exchanges) and 20 GRPO steps make the policy call the tool and raise
-    held-out accuracy by far more than 20 points (+52 after 10 of them on the development machine; the demo's own
-    +73 on seeds 0-2 after 60 steps: docs/agents.md)."""
+    steps (it calls the tool in 30% of its exchanges; tutorial 13's, from the warm-start cache) and 20 GRPO steps
+    make the policy call the tool and raise held-out accuracy by far more than 20 points (the demo's own +60 to +75
+    on seeds 0-2 after 60 steps: docs/agents.md)."""
     rl_steps = 20  # the curve's first point
     out = run_cli("demo", "--task", "calculator", "--run-dir", str(tmp_path), "--sft-steps", "200", "--rl-steps",
-                  str(rl_steps), "--seed", "1", with_stderr=True)
+                  str(rl_steps), "--seed", "0", with_stderr=True)
     summary = json.loads(out[out.index("\n{") : out.index("\n}") + 2])
-    assert summary["seed"] == 1 and summary["gain_points"] >= 20
+    assert summary["seed"] == 0 and summary["gain_points"] >= 20
     assert summary["tool_use_after_rl"] > summary["tool_use_before_rl"] + 0.2
     assert summary["gain_points"] == pytest.approx(100 * (summary["accuracy_after_rl"] - summary["accuracy_before_rl"]),
                                                    abs=0.051)

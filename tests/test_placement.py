@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hybridflow_lab.config import ConfigError
+from hybridflow_lab.config.presets import resolve_config
 from hybridflow_lab.hybrid import ParallelLayout
 from hybridflow_lab.placement import Placement
 from hybridflow_lab.placement.hardware import PROFILES
@@ -83,8 +84,75 @@ def test_what_the_lab_cannot_run_fails_with_the_fix():
     apart = Placement({"main": 2, "ref": 2}, {"actor": "main", "reference": "ref"})
     with pytest.raises(ConfigError, match="inside the actor's ranks; place it on the actor's pool 'main'"):
         apart.check_lab()
-    with pytest.raises(ConfigError, match="the Lab has no pipeline parallelism"):
-        Placement({"main": 2}, {"actor": "main"}, {"actor": ParallelLayout(p=2)}).check_lab()
+
+
+def test_the_lab_generates_on_one_pipeline_stage():
+    staged_generation = Placement({"main": 2}, {"actor": "main"}, {"actor": ParallelLayout(p=2, pg=2)})
+    with pytest.raises(ConfigError, match=r"pg=2: the Lab's generation engines hold every layer .*; use pg=1") as error:
+        staged_generation.check_lab()
+    assert error.value.key == "placement.actor"
+
+
+def test_only_the_actor_trains_in_pipeline_stages():
+    staged_critic = Placement({"main": 2}, {"actor": "main", "critic": "main"}, {"critic": ParallelLayout(p=2)})
+    with pytest.raises(ConfigError, match=r"only the actor trains pipeline-parallel .*; use p=1 for the critic") as \
+            error:
+        staged_critic.check_lab()
+    assert error.value.key == "placement.critic"
+
+
+def test_the_reference_follows_the_actors_pipeline_stages():
+    placement = Placement({"main": 4}, {"actor": "main", "reference": "main"})
+    staged = placement.with_actor_pipeline(2)
+    assert staged.size_of("reference") == staged.size_of("actor") == ParallelLayout(p=2, d=2)
+    staged.check_lab()
+    with pytest.raises(ConfigError, match=r"sharded like the actor \(t=1, p=2\); set its t and p to the actor's"):
+        staged.with_sizes("reference", p=1).check_lab()
+
+
+def test_a_pipeline_plan_writes_its_stages_and_what_they_run_on():
+    placement = Placement({"main": 2}, {"actor": "main"}, engines={"actor": "deepspeed"}, zero_stages={"actor": 2})
+    assert placement.overrides() == ["actor.engine.tensor_parallel=1", "rollout.tensor_parallel=1",
+                                     "actor.engine.pipeline_parallel=1", "actor.pool=main", "actor.ranks=2",
+                                     "actor.engine.backend=deepspeed", "actor.engine.zero_stage=2"]
+    staged = placement.with_sizes("actor", p=2)  # the engine as given: the overrides still train it on torch
+    assert staged.overrides() == ["actor.engine.tensor_parallel=1", "rollout.tensor_parallel=1",
+                                  "actor.engine.pipeline_parallel=2", "actor.engine.remove_padding=false",
+                                  "actor.pool=main", "actor.ranks=2", "actor.engine.backend=torch",
+                                  "actor.engine.zero_stage=2"]
+
+
+def test_a_lab_runs_a_pipeline_plan(model_dir, tmp_path):
+    config = resolve_config("arithmetic_grpo", (f"actor.model_path={model_dir}", "algorithm.kl_loss_coef=0.04",
+                                                f"trainer.run_dir={tmp_path}"))
+    staged = Placement.from_config(config).with_actor_pipeline(2)
+    lab = Lab(config, placement=staged, start=False)  # check_config passes
+    engine = lab.config.actor.engine
+    assert (lab.config.actor.ranks, engine.pipeline_parallel, engine.backend, engine.remove_padding) == \
+        (2, 2, "torch", False)
+    assert lab.placement == staged and lab.placement.size_of("reference") == ParallelLayout(p=2)
+
+
+@pytest.mark.parametrize(("pool", "stages", "overrides", "key", "fix"), [
+    (3, 3, ("batch.micro_batch_sequences_per_rank=16",), "actor.engine.pipeline_parallel",
+     r"3 stages do not divide the model's 4 layers .*; use one of \[1, 2, 4\]"),
+    (3, 2, (), "placement.actor", r"t\*p = 2 does not divide the 3 devices of pool 'main'; use t\*p in \[1, 3\]"),
+    (4, 4, (), "batch.micro_batch_sequences_per_rank", "1F1B schedule of 4 stages needs at least 4; use at most 16"),
+], ids=["stages_not_dividing_the_layers", "stages_not_dividing_the_pool", "fewer_micro_batches_than_stages"])
+def test_a_pipeline_plan_that_cannot_run_fails_before_any_worker_starts(model_dir, tmp_path, pool, stages, overrides,
+                                                                        key, fix):
+    config = resolve_config("arithmetic_grpo", (f"actor.model_path={model_dir}", f"trainer.run_dir={tmp_path}",
+                                                *overrides))
+    plan = Placement.from_config(config).with_changes(pools={"main": pool}).with_actor_pipeline(stages)
+    with pytest.raises(ConfigError, match=fix) as error:
+        Lab(config, placement=plan, start=False)
+    assert error.value.key == key
+
+
+def test_generation_stages_beyond_the_training_stages_are_refused_naming_the_model_and_the_fix():
+    with pytest.raises(ConfigError, match=r"pg=2 must divide p=1 .*; use pg in \[1\]") as error:
+        Placement({"main": 2}, {"actor": "main"}).with_sizes("actor", pg=2)
+    assert error.value.key == "placement.actor"
 
 
 def test_a_lab_runs_a_placement_and_shows_its_own(model_dir, tmp_path):

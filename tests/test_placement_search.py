@@ -19,6 +19,7 @@ from hybridflow_lab.placement.report import compare_with_paper, plans_table
 from hybridflow_lab.placement.simulator import (
     ModelCost,
     generation_s,
+    inference_s,
     reshard_s,
     resident_bytes,
     training_s,
@@ -95,12 +96,37 @@ def test_token_budget_micro_batches_size_the_simulated_activations_and_pipeline_
     assert training_s(LLAMA["7B"], pipelined, fewer, A100) > training_s(LLAMA["7B"], pipelined, paper, A100)
 
 
+def test_pipeline_stages_waiting_in_the_bubble_leave_shared_cores_to_the_other_ranks():
+    spec = LLAMA["7B"]
+    # 2 replicas of 16 sequences in micro-batches of 8: 2 micro-batches each, a bubble of 1.5 with 2 stages
+    workload = Workload({"actor": spec}, prompts=32, prompt_tokens=64, response_tokens=64, micro_batch_sequences=8)
+    shared = dataclasses.replace(PROFILES["cpu"], call_overhead_s=0.0)
+    dedicated = dataclasses.replace(shared, cores=0)
+
+    def forward_s(hardware, **sizes):
+        return inference_s(spec, ParallelLayout(**sizes), workload, hardware)
+
+    assert forward_s(dedicated, p=2, d=2) == pytest.approx(1.5 / 2 * forward_s(dedicated, d=2))
+    # on 2 cores the 4 ranks are busy 2/3 of the time: 8/3 of them compete for the cores, not 4
+    assert forward_s(shared, p=2, d=2) == pytest.approx(forward_s(shared, d=2))
+
+
 def test_reshard_cost_is_table_2_bytes_over_the_link():
     workload, spec = Workload.paper_ppo("7B"), LLAMA["7B"]
     layout = ParallelLayout(t=8, d=2, tg=2)
     moved = formula_bytes_per_rank("hybridflow", layout, spec.params * 2)
     assert reshard_s(spec, layout, workload, A100) == pytest.approx(moved / A100.intra_node_bandwidth)
     assert reshard_s(spec, ParallelLayout(t=8, d=2, tg=8), workload, A100) == 0.0
+
+
+def test_reshard_cost_gathers_the_pipeline_stages_into_one_generation_stage():
+    workload, spec = Workload.paper_ppo("7B"), LLAMA["7B"]
+    model_bytes = spec.params * 2
+    # Table 2: (t p - tg pg) / (tg pg t p) of the model; t4 p2 -> tg2 pg1 moves 3/8, t1 p2 -> tg1 half
+    assert reshard_s(spec, ParallelLayout(t=4, p=2, tg=2), workload, A100) == \
+        pytest.approx(3 / 8 * model_bytes / A100.intra_node_bandwidth)
+    assert reshard_s(spec, ParallelLayout(p=2), workload, A100) == \
+        pytest.approx(model_bytes / 2 / A100.intra_node_bandwidth)
 
 
 def test_a_model_too_big_for_the_devices_gets_no_plan():
@@ -199,3 +225,27 @@ def test_the_lab_search_leaves_slots_idle_when_ranks_would_share_cores(tmp_path)
     assert shared.cores == 2
     assert [s.devices for s in lab_mapper(config, 4, shared).search()[0].sets] == [2]
     assert [s.devices for s in lab_mapper(config, 4, dedicated).search()[0].sets] == [4]
+
+
+def test_the_lab_search_sweeps_the_pipeline_stages_its_validation_accepts_for_the_actor_only(tmp_path):
+    model = create_model_dir(tmp_path / "m", "tiny", "qwen2", seed=0)
+    config = resolve_config("arithmetic_grpo", [f"actor.model_path={model}", "algorithm.name=ppo"])
+    mapper = lab_mapper(config, 4, PROFILES["cpu"])
+
+    def staged(role, devices):
+        return {(par.t, par.p, par.d) for par in mapper.parallel_choices(role, devices) if par.p > 1}
+
+    # 64 sequences per optimizer step, 32 per micro-batch: 1F1B runs 2 stages on one replica, never 4 stages
+    assert staged("actor", 2) == {(1, 2, 1)} and staged("actor", 4) == {(2, 2, 1)}
+    assert staged("critic", 4) == set()
+
+
+def test_a_device_too_small_for_fewer_than_4_shards_gets_a_pipeline_suggestion_that_runs(tmp_path):
+    model = create_model_dir(tmp_path / "m", "tiny", "qwen2", seed=0)
+    config = resolve_config("arithmetic_grpo", [f"actor.model_path={model}", "algorithm.kl_loss_coef=0.04"])
+    ten_mib = dataclasses.replace(PROFILES["cpu"], memory_bytes=10 * 2**20)  # the actor and reference: 5.7 MiB in 4
+    suggestion, = suggest(config, 4, ten_mib)
+    engine = suggestion.plan.apply(config).actor.engine
+    assert (engine.tensor_parallel, engine.pipeline_parallel, engine.backend, engine.remove_padding) == \
+        (2, 2, "torch", False)
+    assert suggestion.label == "colocate: main: 4, actor t2 p2 tg2"

@@ -272,3 +272,19 @@ def test_the_board_shows_trained_roles_and_moves_the_reference_with_the_actor(mo
     actor_row = board.controls.children[0]
     actor_row.children[1].value = "actor"  # the actor's pool menu: a pool of its own
     assert board.plan.used_pools()["actor"] == ["actor", "reference"]
+
+
+def test_the_board_applies_the_actors_pipeline_stages_and_takes_them_back(model_dir, tmp_path):
+    lab = Lab("arithmetic_grpo", overrides=(f"actor.model_path={model_dir}", "algorithm.kl_loss_coef=0.04",
+                                            f"trainer.run_dir={tmp_path}"), start=False)
+    board = placement_board(lab, devices=4)
+    stages = control(board, "pipeline stages")
+    assert list(stages.options) == [1, 2] and stages.value == 1  # 2 actor slots: 1 or 2 stages of the 4 layers
+    stages.value = 2
+    assert board.plan.engines["actor"] == "torch" and board.plan.size_of("reference").p == 2
+    board.apply_button.click()
+    engine = lab.config.actor.engine
+    assert (engine.pipeline_parallel, engine.backend, engine.remove_padding) == (2, "torch", False)
+    control(board, "pipeline stages").value = 1
+    board.apply_button.click()
+    assert lab.config.actor.engine.pipeline_parallel == 1 and board.plan.size_of("actor").p == 1

@@ -14,7 +14,8 @@ from nbclient import NotebookClient
 
 from hybridflow_lab.config import EngineConfig
 from hybridflow_lab.controller import ResourcePool
-from hybridflow_lab.demos.rl_demo import DEMO_TASKS, rl_lab
+from hybridflow_lab.demos.demo_tasks import DEMO_TASKS
+from hybridflow_lab.demos.rl_demo import rl_lab
 from hybridflow_lab.demos.warm_cache import cached_warm_start
 from hybridflow_lab.models import load_causal_lm
 from hybridflow_lab.telemetry import Phase
@@ -30,24 +31,28 @@ MODEL_SEED = 3  # conftest's model_dir builds this module's tiny model with it
 
 
 # ---------------------------------------------------------------- the actor on Ray ranks, each training engine
-def vllm_config(model_dir: str, backend: str, stage: int = 2, tensor_parallel: int = 1, vllm_tp: int = 1):
+def vllm_config(model_dir: str, backend: str, stage: int = 2, tensor_parallel: int = 1, vllm_tp: int = 1,
+                pipeline: int = 1):
     config = lab_config(model_dir, engine=backend, stage=stage)
-    actor = dataclasses.replace(config.actor, engine=EngineConfig(backend=backend, zero_stage=stage,
-                                                                  tensor_parallel=tensor_parallel))
+    actor = dataclasses.replace(config.actor, engine=EngineConfig(
+        backend=backend, zero_stage=stage, tensor_parallel=tensor_parallel, pipeline_parallel=pipeline,
+        remove_padding=pipeline == 1))
     rollout = dataclasses.replace(config.rollout, engine="vllm", tensor_parallel=vllm_tp)
     return dataclasses.replace(config, actor=actor, rollout=rollout)
 
 
-@pytest.mark.parametrize(("backend", "stage", "tensor_parallel", "vllm_tp"),
-                         [("deepspeed", 3, 1, 1), ("fsdp", 0, 1, 1), ("torch", 0, 2, 1), ("deepspeed", 3, 1, 2)],
-                         ids=["zero3", "fsdp2", "torch-tp2", "zero3-vllm-tp2"])  # ZeRO-2: the GRPO test below
+@pytest.mark.parametrize(("backend", "stage", "tensor_parallel", "vllm_tp", "pipeline"),
+                         [("deepspeed", 3, 1, 1, 1), ("fsdp", 0, 1, 1, 1), ("torch", 0, 2, 1, 1),
+                          ("deepspeed", 3, 1, 2, 1), ("torch", 0, 1, 1, 2)],
+                         ids=["zero3", "fsdp2", "torch-tp2", "zero3-vllm-tp2", "torch-pp2"])  # ZeRO-2: GRPO below
 def test_every_training_engine_feeds_vllm_on_two_ranks(ray_cluster, model_dir, backend, stage, tensor_parallel,
-                                                       vllm_tp):
+                                                       vllm_tp, pipeline):
     """Generate with vLLM, update, generate again: log-probs agree with the trainer's before and after the
     update (the sync reached vLLM), and every sync is a verified ``weight_sync`` span with all tensors. With
-    ``vllm_tp`` 2 one vLLM engine runs tensor-parallel over both actor ranks (vLLM's external launcher)."""
-    actor = actor_group(vllm_config(model_dir, backend, stage, tensor_parallel, vllm_tp), ResourcePool(2),
-                        name=f"vllm-actor-{backend}-{stage}-{tensor_parallel}-{vllm_tp}")
+    ``vllm_tp`` 2 one vLLM engine runs tensor-parallel over both actor ranks (vLLM's external launcher); with
+    ``pipeline`` 2 the two ranks train a stage each and stream their weights to both engines."""
+    actor = actor_group(vllm_config(model_dir, backend, stage, tensor_parallel, vllm_tp, pipeline), ResourcePool(2),
+                        name=f"vllm-actor-{backend}-{stage}-{tensor_parallel}-{vllm_tp}-{pipeline}")
     try:
         check_actor_round(actor)
         spans = [s for s in actor.telemetry.spans(group=actor.name) if s.name == "weight_sync"]

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hybridflow_lab.demos.rl_demo import DEMO_TASKS, eval_curve, quiet_ray, rl_lab
+from hybridflow_lab.demos.demo_tasks import DEMO_TASKS
+from hybridflow_lab.demos.rl_demo import eval_curve, quiet_ray, rl_lab
 from hybridflow_lab.demos.warm_cache import cached_warm_start
 
 RUNS: dict[str, tuple[str, ...]] = {

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from hybridflow_lab.bench.e2e import standard_lab
-from hybridflow_lab.demos.rl_demo import DEMO_TASKS, eval_curve, quiet_ray, rl_lab
+from hybridflow_lab.demos.demo_tasks import DEMO_TASKS
+from hybridflow_lab.demos.rl_demo import eval_curve, quiet_ray, rl_lab
 from hybridflow_lab.demos.warm_cache import cached_warm_start
 
 SPLIT = ("actor.ranks=1", "rollout.pool=rollout", "rollout.ranks=1")  # training on one rank, generation on another

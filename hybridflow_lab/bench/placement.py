@@ -1,10 +1,11 @@
 """``hybridflow-lab bench placement``: the simulator's per-step predictions against measured steps on this machine.
 
 Runs the standard workload (bench e2e's, torch engine) under several placements and parallel sizes on
-up to 4 CPU ranks, in rounds that alternate the order of the settings (so that a machine getting slower
-or faster over the run does not favour the settings measured first). The one-rank setting's steps
-calibrate the CPU profile (``placement.calibrate``); every other setting is predicted from that profile
-alone. Reports each prediction's error and whether the predicted ranking matches the measured one,
+up to 4 CPU ranks, pipeline stages for the actor's training among them (p2: two stages, gathered into
+whole models for generation), in rounds that alternate the order of the settings (so that a machine
+getting slower or faster over the run does not favour the settings measured first). The one-rank
+setting's steps calibrate the CPU profile (``placement.calibrate``); every other setting is predicted
+from that profile alone. Reports each prediction's error and whether the predicted ranking matches the measured one,
 strictly and for settings that are apart beyond the run-to-run noise.
 
 Then PPO (a critic besides the actor, one rank each) in the paper's layouts, each run with its stages in
@@ -28,28 +29,34 @@ from hybridflow_lab.placement.hardware import HardwareProfile
 from hybridflow_lab.placement.measured import stage_seconds
 from hybridflow_lab.placement.predict import predict
 
-# (label, actor ranks, training TP t, generation TP tg); the first is the calibration run
-SETTINGS = (("d1", 1, 1, 1), ("d2", 2, 1, 1), ("d4", 4, 1, 1), ("t2 d2 tg2", 4, 2, 2), ("t2 d2 tg1", 4, 2, 1))
+Setting = tuple[str, int, int, int, int]  # (label, actor ranks, training TP t, pipeline stages p, generation TP tg)
+# the first is the calibration run
+SETTINGS: tuple[Setting, ...] = (
+    ("d1", 1, 1, 1, 1), ("d2", 2, 1, 1, 1), ("d4", 4, 1, 1, 1), ("t2 d2 tg2", 4, 2, 1, 2), ("t2 d2 tg1", 4, 2, 1, 1),
+    ("p2 d1", 2, 1, 2, 1), ("p2 d2", 4, 1, 2, 1), ("p2 t2 tg2", 4, 2, 2, 2), ("p2 t2 tg1", 4, 2, 2, 1))
 TIE = 0.05  # measured steps closer than this fraction are a tie
 PPO_LAYOUTS = (("colocate", "main"), ("split", "critic"))  # (layout, the critic's pool); the actor's is main
 OVERLAP_GOAL = 1.3  # split PPO: sequential step seconds over overlapped ones
+
+
 def run(steps: int = 3, warmup: int = 2, rounds: int = 2,
-        settings: tuple[tuple[str, int, int, int], ...] = SETTINGS,
+        settings: tuple[Setting, ...] = SETTINGS,
         layouts: tuple[tuple[str, str], ...] = PPO_LAYOUTS) -> dict[str, Any]:
     init_cluster()
     runs: dict[str, list[StandardRun]] = {label: [] for label, *_ in settings}
     for round_index in range(rounds):
-        for label, ranks, t, tg in settings if round_index % 2 == 0 else settings[::-1]:
-            runs[label].append(run_standard(ranks, t, tg, steps, warmup))
+        for label, ranks, t, p, tg in settings if round_index % 2 == 0 else settings[::-1]:
+            runs[label].append(run_standard(ranks, t, p, tg, steps, warmup))
     calibration_label = settings[0][0]
     profile, calibration = profile_from_run(StandardRun.merged(runs[calibration_label]))
     rows = []
-    for label, ranks, t, tg in settings:
+    for label, ranks, t, p, tg in settings:
         run_ = StandardRun.merged(runs[label])
         seconds = stage_seconds(run_.history)
         per_round = [stage_seconds(r.history)["step"] for r in runs[label]]
         plan = predict(run_.placement, run_.workload, profile, concurrent=False)
-        rows.append({"setting": label, "ranks": ranks, "t": t, "tg": tg, "calibration": label == calibration_label,
+        rows.append({"setting": label, "ranks": ranks, "t": t, "p": p, "tg": tg,
+                     "calibration": label == calibration_label,
                      "predicted_s": round(plan.total_s, 3), "measured_s": round(seconds["step"], 3),
                      "measured_rounds_s": [round(s, 3) for s in per_round],
                      "error": round(plan.total_s / seconds["step"] - 1, 3),
@@ -78,7 +85,7 @@ def ppo_layouts(profile: HardwareProfile, layouts: tuple[tuple[str, str], ...], 
         for layout, pool, overlap in modes if round_index % 2 == 0 else modes[::-1]:
             extra = ("algorithm.name=ppo", "critic.ranks=1", f"critic.pool={pool}", "critic.engine.backend=torch",
                      f"trainer.overlap={str(overlap).lower()}")
-            runs[layout, overlap].append(run_standard(1, 1, 1, steps, warmup, extra))
+            runs[layout, overlap].append(run_standard(steps=steps, warmup=warmup, extra=extra))
     rows = []
     for layout, _ in layouts:
         sequential, overlapped = (StandardRun.merged(runs[layout, overlap]) for overlap in (False, True))

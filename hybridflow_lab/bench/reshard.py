@@ -1,9 +1,11 @@
 """``hybridflow-lab bench reshard``: the actor's training-to-generation transition, three strategies.
 
-The ``small`` model on 4 CPU ranks (gloo), for (t, tg) in (4, 2), (2, 1), (4, 4): bytes each rank
-receives against the paper's Table 2 formula, parameter bytes held at the peak, bytes held twice,
-and the transition's seconds (slowest rank, median over repeats). M counts the tensor-parallel
-weights; replicated norm weights (0.05% of ``small``) never move.
+The ``small`` model on 4 CPU ranks (gloo), for (t, p, tg) in (4, 1, 2), (2, 1, 1), (4, 1, 4) and, with pipeline
+stages, (2, 2, 2), (2, 2, 1), (1, 2, 1) (``d`` fills the ranks; generation never pipelines): bytes the ranks
+receive (mean and max over ranks: stages differ in size) against the paper's Table 2 formula, parameter bytes held
+at the peak, bytes held twice, and the transition's seconds (slowest rank, median over repeats). M counts the
+tensor-parallel weights; replicated norm weights (0.05% of ``small``) move only to the ranks of other stages, and
+are reported apart.
 """
 
 from __future__ import annotations
@@ -16,23 +18,20 @@ import torch
 
 from hybridflow_lab.controller import Dispatch, ResourcePool, Role, Worker, WorkerGroup, init_cluster, register
 from hybridflow_lab.hybrid import STRATEGIES, ParallelLayout, formula_bytes_per_rank
-from hybridflow_lab.hybrid.reshard import Resharder, process_groups
+from hybridflow_lab.hybrid.reshard import Resharder, process_groups, training_shard
 from hybridflow_lab.models import create_model_dir, load_causal_lm
-from hybridflow_lab.models.decoder import shard_model
-from hybridflow_lab.models.tensor_parallel import TensorParallel, split_dim
+from hybridflow_lab.models.tensor_parallel import split_dim
 
-LAYOUTS = ((4, 2), (2, 1), (4, 4))
+LAYOUTS = ((4, 1, 2), (2, 1, 1), (4, 1, 4), (2, 2, 2), (2, 2, 1), (1, 2, 1))  # (t, p, tg)
 
 
 class ReshardBenchWorker(Worker):
-    """One rank of the actor: a TP-``t`` shard and a resharder per strategy."""
+    """One rank of the actor: its training shard (TP ``t``, a stage of ``p``) and a resharder per strategy."""
 
-    def __init__(self, model_dir: str, t: int, tg: int) -> None:
-        full = load_causal_lm(model_dir)
-        layout = ParallelLayout(t=t, tg=tg, d=self.world_size // t)
+    def __init__(self, model_dir: str, t: int, p: int, tg: int) -> None:
+        layout = ParallelLayout(t=t, p=p, tg=tg, d=self.world_size // (t * p))
         groups = process_groups(self.device_mesh)
-        model = shard_model(full, TensorParallel(t, layout.training_tp_rank(self.rank), groups.training_tp))
-        del full
+        model = training_shard(load_causal_lm(model_dir), layout, self.rank, groups)
         self.resharders = {s: Resharder(model, layout, self.rank, groups, s) for s in STRATEGIES}
 
     @register(Dispatch.ONE_TO_ALL)
@@ -47,18 +46,19 @@ class ReshardBenchWorker(Worker):
         return stats
 
 
-def run(repeats: int = 5, warmup: int = 1, size: str = "small", layouts: tuple[tuple[int, int], ...] = LAYOUTS,
-        ranks: int = 4) -> dict[str, Any]:
+def run(repeats: int = 5, warmup: int = 1, size: str = "small",
+        layouts: tuple[tuple[int, int, int], ...] = LAYOUTS, ranks: int = 4) -> dict[str, Any]:
+    """Each (t, p, tg) of ``layouts`` on ``ranks`` ranks, every strategy: one row each, and the goal per layout."""
     init_cluster()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = create_model_dir(f"{tmp}/model", size, "qwen2", seed=0)
         full = load_causal_lm(model_dir)
-        model_bytes = sum(p.numel() * p.element_size() for n, p in full.named_parameters() if split_dim(n) is not None)
-        for t, tg in layouts:
-            layout = ParallelLayout(t=t, tg=tg, d=ranks // t)
-            group = WorkerGroup(Role(ReshardBenchWorker, str(model_dir), t, tg), ResourcePool(ranks),
-                                meshes=layout.meshes(), name=f"reshard-bench-{t}-{tg}")
+        model_bytes = sum(p.nbytes for n, p in full.named_parameters() if split_dim(n) is not None)
+        for t, p, tg in layouts:
+            layout = ParallelLayout(t=t, p=p, tg=tg, d=ranks // (t * p))
+            group = WorkerGroup(Role(ReshardBenchWorker, str(model_dir), t, p, tg), ResourcePool(ranks),
+                                meshes=layout.meshes(), name=f"reshard-bench-{t}-{p}-{tg}")
             try:
                 for strategy in STRATEGIES:
                     per_rank = group.transitions(strategy, warmup + repeats)
@@ -66,27 +66,39 @@ def run(repeats: int = 5, warmup: int = 1, size: str = "small", layouts: tuple[t
             finally:
                 group.shutdown()
     return {"bench": "reshard", "model": size, "ranks": ranks, "model_param_bytes": model_bytes,
+            "replicated_param_bytes": sum(p.nbytes for n, p in full.named_parameters() if split_dim(n) is None),
             "repeats": repeats, "results": rows, "goal": _goal(rows)}
 
 
 def _row(strategy: str, layout: ParallelLayout, model_bytes: int, per_rank: list[list[dict[str, Any]]]) -> dict:
     seconds = [max(rank[i]["seconds"] for rank in per_rank) for i in range(len(per_rank[0]))]
     first = [rank[0] for rank in per_rank]
-    return {"strategy": strategy, "t": layout.t, "tg": layout.tg,
-            "bytes_per_rank": max(s["bytes_received"] for s in first),
-            "formula_bytes_per_rank": round(formula_bytes_per_rank(strategy, layout, model_bytes)),
+    received = [s["bytes_received"] for s in first]
+    return {"strategy": strategy, "t": layout.t, "p": layout.p, "tg": layout.tg,
+            "bytes_per_rank": sum(received) / len(received), "bytes_per_rank_max": max(received),
+            "formula_bytes_per_rank": formula_bytes_per_rank(strategy, layout, model_bytes),
+            "replicated_bytes_per_rank": sum(s["replicated_bytes_received"] for s in first) / len(first),
             "peak_param_bytes_per_rank": max(s["peak_param_bytes"] for s in first),
             "redundant_param_bytes": max(s["redundant_param_bytes"] for s in first),
             "seconds": round(statistics.median(seconds), 4)}
 
 
 def _goal(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per layout where ours moves bytes: our speed-up over DS-Chat against (DS-Chat bytes / our bytes) x 0.5."""
+    """Per layout: every strategy's mean bytes equal Table 2's, HybridFlow holds nothing twice, and its speed-up
+    over DS-Chat reaches max(1, (DS-Chat bytes / our bytes) x 0.5), 1 where ours moves nothing."""
     checks = []
-    for ours in (r for r in rows if r["strategy"] == "hybridflow" and r["bytes_per_rank"] > 0):
-        ds = next(r for r in rows if r["strategy"] == "ds_chat" and (r["t"], r["tg"]) == (ours["t"], ours["tg"]))
-        required = ds["bytes_per_rank"] / ours["bytes_per_rank"] * 0.5
+    for ours in (r for r in rows if r["strategy"] == "hybridflow"):
+        same = [r for r in rows if _layout(r) == _layout(ours)]
+        ds = next(r for r in same if r["strategy"] == "ds_chat")
+        bytes_match = all(r["bytes_per_rank"] == r["formula_bytes_per_rank"] for r in same)
+        required = max(1.0, ds["bytes_per_rank"] / ours["bytes_per_rank"] * 0.5) if ours["bytes_per_rank"] else 1.0
         speedup = ds["seconds"] / ours["seconds"]
-        checks.append({"t": ours["t"], "tg": ours["tg"], "speedup_vs_ds_chat": round(speedup, 2),
-                       "required": round(required, 2), "met": speedup >= required})
+        checks.append({"t": ours["t"], "p": ours["p"], "tg": ours["tg"], "bytes_equal_formula": bytes_match,
+                       "hybridflow_redundant_param_bytes": ours["redundant_param_bytes"],
+                       "speedup_vs_ds_chat": round(speedup, 2), "required": round(required, 2),
+                       "met": bytes_match and ours["redundant_param_bytes"] == 0 and speedup >= required})
     return checks
+
+
+def _layout(row: dict[str, Any]) -> tuple[int, int, int]:
+    return row["t"], row["p"], row["tg"]

@@ -119,6 +119,9 @@ CHOICE_FIXES = {  # what each choice means, for the error naming a value outside
                        "on transformers' own model (docs/models-and-engines.md); native or transformers forces one",
     "role.engine.backend": "torch is DDP, deepspeed is ZeRO, fsdp is FSDP2 (docs/models-and-engines.md)",
     "role.engine.zero_stage": "use 2 (ZeRO-2), or 3 to shard the parameters too",
+    "role.engine.pipeline_schedule": "1f1b interleaves each micro-batch's backward with the next ones' forwards "
+                                     "(activations of at most p micro-batches held); gpipe runs every forward, then "
+                                     "every backward",
     "role.optim.schedule": "use constant, or cosine with optim.total_steps",
     "rollout.engine": "torch is the built-in engine; vllm needs vLLM installed (docs/vllm.md)",
     "rollout.decoding": "eager is the plain decoding step; compiled runs it through torch.compile; onednn runs it in "

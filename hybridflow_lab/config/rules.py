@@ -7,6 +7,7 @@ from __future__ import annotations
 from hybridflow_lab.config.batch_sizes import check_batch_sizes, divisors
 from hybridflow_lab.config.bounds import check_bounds
 from hybridflow_lab.config.loading import ConfigError
+from hybridflow_lab.config.pipeline_rules import check_pipeline, check_schedule
 from hybridflow_lab.config.schema import EngineConfig, LabConfig, RoleConfig, RolloutConfig
 
 
@@ -17,6 +18,8 @@ def validate(config: LabConfig, roles: tuple[str, ...] = ("actor", "critic")) ->
     _check_overlong_buffer(config)
     data_parallel = {name: _check_role(config, name, getattr(config, name)) for name in roles}
     check_batch_sizes(config, data_parallel)
+    if "actor" in data_parallel:
+        check_schedule(config, data_parallel["actor"])
     _check_pools(config, (*roles, "rollout") if config.rollout.pool else roles)  # a rollout group has a pool too
     _check_rollout(config)
     _check_agent(config)
@@ -50,6 +53,7 @@ def _check_role(config: LabConfig, name: str, role: RoleConfig) -> int:
         raise ConfigError(f"{name}.lora.rank", f"LoRA adapters are not built for tensor-parallel shards ({name}"
                           f".engine.tensor_parallel={role.engine.tensor_parallel}); leave {name}.lora.rank unset "
                           f"for full fine-tuning, or set {name}.engine.tensor_parallel=1")
+    check_pipeline(config, name, role)
     if role.engine.torch_compile:
         refusal = compiled_layers_refusal(name, role.engine)
         if refusal:
@@ -87,7 +91,12 @@ def _data_parallel(name: str, role: RoleConfig) -> int:
         raise ConfigError(f"{name}.engine.tensor_parallel", f"{tp} does not divide the {role.ranks} ranks of the "
                           f"{name} ({name}.ranks); use one of {divisors(role.ranks)}, or set {name}.ranks to a "
                           f"multiple of {tp}")
-    return role.ranks // tp
+    p = role.engine.pipeline_parallel
+    if (role.ranks // tp) % p:
+        raise ConfigError(f"{name}.engine.pipeline_parallel", f"{p} stages x {tp} tensor shards do not divide the "
+                          f"{role.ranks} ranks of the {name} ({name}.ranks); use one of {divisors(role.ranks // tp)}, "
+                          f"or set {name}.ranks to a multiple of {p * tp}")
+    return role.ranks // (tp * p)
 
 
 def _check_pools(config: LabConfig, roles: tuple[str, ...]) -> None:

@@ -71,12 +71,15 @@ class EngineConfig:
     """How a trained role shards its model: ``torch`` (DDP), ``deepspeed`` (ZeRO) or ``fsdp`` (FSDP2).
 
     ``tensor_parallel`` (the actor's training TP, the paper's t) splits every layer over that many
-    consecutive ranks, with the torch engine's DDP over the rest; ZeRO and FSDP shard over data
-    parallel instead.
+    ranks, and ``pipeline_parallel`` (the paper's p) the layers into that many stages, one per rank, run with
+    ``pipeline_schedule`` over each optimizer step's micro-batches; the torch engine's DDP runs over the rest.
+    ZeRO and FSDP shard over data parallel instead.
     """
 
     backend: TrainBackend = "deepspeed"
     tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    pipeline_schedule: Literal["1f1b", "gpipe"] = "1f1b"
     zero_stage: Literal[1, 2, 3] = 2
     offload: bool = False
     bf16: bool = False

@@ -32,6 +32,8 @@ class Mesh:
         order = self.ranks if self.ranks is not None else tuple(range(self.size))
         if sorted(order) != list(range(self.size)):
             raise ValueError(f"mesh ranks {list(order)} are not a permutation of range({self.size})")
+        if tuple(order) == tuple(range(self.size)):  # row-major given explicitly is the same mesh as no order
+            object.__setattr__(self, "ranks", None)
         coords = {}
         for position, rank in enumerate(order):
             coords[rank] = dict(zip(names, _unravel(position, self.shape), strict=True))

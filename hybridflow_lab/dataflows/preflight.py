@@ -14,6 +14,7 @@ import torch
 from transformers import PretrainedConfig
 
 from hybridflow_lab.config import ConfigError, LabConfig, LoraConfig
+from hybridflow_lab.config.batch_sizes import divisors
 from hybridflow_lab.config.sequence_length import longest_sequence, multi_turn
 from hybridflow_lab.models.causal_lm import linear_layer_names
 from hybridflow_lab.models.decode_step import missing_cpp_compiler
@@ -22,6 +23,7 @@ from hybridflow_lab.models.families import model_impl, routed_experts, window_re
 from hybridflow_lab.models.heads import has_trained_head, untrained_head_message
 from hybridflow_lab.models.lora import adapter_settings
 from hybridflow_lab.models.onednn_decode import missing_onednn, unmirrored_architecture
+from hybridflow_lab.models.pipeline import stage_layers
 from hybridflow_lab.models.tensor_parallel import check_shardable
 from hybridflow_lab.models.tokenizers import load_tokenizer
 
@@ -103,6 +105,8 @@ def _check_transformers_path(config: LabConfig) -> None:
                              "set rollout.decoding=eager"),
         "actor.engine.torch_compile": (config.actor.engine.torch_compile, "compiled layers",
                                        "set actor.engine.torch_compile=false"),
+        "actor.engine.pipeline_parallel": (config.actor.engine.pipeline_parallel > 1, "pipeline stages",
+                                           "set it to 1"),
     }
     for key, (refuse, missing, fix) in refused.items():
         if refuse:
@@ -184,6 +188,7 @@ def _check_generation(config: LabConfig) -> None:
     rollout, model = config.rollout, model_config(config.actor.model_path, "actor.model_path")
     _check_shardable(model, "actor.engine.tensor_parallel", config.actor.engine.tensor_parallel)
     _check_shardable(model, "rollout.tensor_parallel", rollout.tensor_parallel)
+    _check_stages(model, config.actor.engine.pipeline_parallel)
     context = getattr(model, "max_position_embeddings", None)
     longest, bound = longest_sequence(config)
     if context and longest > context:
@@ -199,6 +204,25 @@ def _check_generation(config: LabConfig) -> None:
         _check_cpp_compiler(config, "rollout.decoding", "eager")
     if rollout.engine == "vllm":
         _check_vllm(config, model)
+
+
+def _check_stages(model: PretrainedConfig, p: int) -> None:
+    """The actor's layers split evenly into its pipeline stages, and no weight is shared between two stages."""
+    key, layers = "actor.engine.pipeline_parallel", model.num_hidden_layers
+    if p == 1:
+        return
+    if layers % p:
+        split = (f"they would take {', '.join(str(len(stage)) for stage in stage_layers(layers, p))} layers, the "
+                 "largest stage setting the pace") if p <= layers else f"{p - layers} stage(s) would hold no layer"
+        raise ConfigError(key, f"{p} stages do not divide the model's {layers} layers ({split}); use one of "
+                          f"{divisors(layers)}")
+    if routed_experts(model):
+        raise ConfigError(key, f"the model is a mixture of {routed_experts(model)} experts, whose routes the stages do "
+                          f"not report for the rollout's check; set {key}=1")
+    if getattr(model, "tie_word_embeddings", False):
+        raise ConfigError(key, "the model ties its output head to its embeddings (config.json's tie_word_embeddings), "
+                          "which sit on the first and the last stage; tied weights across stages are not built: set "
+                          f"{key}=1")
 
 
 def _check_onednn(config: LabConfig, model: PretrainedConfig) -> None:

@@ -19,11 +19,11 @@ import torch
 
 import hybridflow_lab
 from hybridflow_lab.config.presets import resolve_config
-from hybridflow_lab.demos.rl_demo import DEMO_TASKS, DemoTask, warm_start
+from hybridflow_lab.demos.demo_tasks import DEMO_TASKS, DemoTask, warm_start
 
 CACHE_ENV = "HYBRIDFLOW_CACHE"
 METRICS_FILE = "sft_metrics.json"
-_SOURCES = ("models", "tasks", "trainer/sft.py", "trainer/task_setup.py", "demos/rl_demo.py", "seeds.py")
+_SOURCES = ("models", "tasks", "trainer/sft.py", "trainer/task_setup.py", "demos/demo_tasks.py", "seeds.py")
 
 
 def cache_root() -> Path:

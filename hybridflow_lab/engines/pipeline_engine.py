@@ -12,7 +12,9 @@ stages and the TP shards.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from hybridflow_lab.engines.training_state import Moments
 from hybridflow_lab.models.decoder import DecoderLM
 from hybridflow_lab.models.lora import trainable_names
 from hybridflow_lab.models.pipeline import DecoderStage, Pipeline
-from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, clip_grad_norm
+from hybridflow_lab.models.tensor_parallel import SINGLE, TensorParallel, clip_grad_norm, gather, split_dim
 from hybridflow_lab.protocol import DataBatch
 
 
@@ -64,21 +66,31 @@ def padded_alike(micros: Sequence[DataBatch]) -> list[DataBatch]:
     return padded
 
 
-class PipelineEngine(TorchEngine):
-    """Stage ``stage`` of ``stages`` of ``model`` (this rank's ``tp`` shard, whole on entry: the other stages'
-    layers are dropped), run over ``pp_group`` with ``schedule``; DDP over ``dp_group``, the ranks holding the same
-    stage and shard (a group of one rank without data parallelism)."""
+@dataclass(frozen=True)
+class StagePlace:
+    """Where a rank's stage sits: stage ``index`` of ``stages`` in the pipeline over ``group`` (its ranks in stage
+    order), run with ``schedule`` (``1f1b`` or ``gpipe``)."""
 
-    def __init__(self, model: DecoderLM, optim: OptimConfig, stage: int, stages: int, pp_group: dist.ProcessGroup,
-                 dp_group: dist.ProcessGroup, tp: TensorParallel = SINGLE, schedule: str = "1f1b",
-                 device: str = "cpu", bf16: bool = False) -> None:
-        self.stage = DecoderStage(model, stage, stages)
-        self.pp_group = pp_group
-        self.pipeline = Pipeline(self.stage, pp_group, schedule, device)
-        self.last_rank = dist.get_global_rank(pp_group, stages - 1)
-        super().__init__(self.stage, optim, dp_group, tp, device, bf16)
+    index: int
+    stages: int
+    group: dist.ProcessGroup
+    schedule: str = "1f1b"
 
-    def _run(self, micros: Sequence[DataBatch], fn: Callable[[nn.Module, DataBatch], Any], train: bool) -> list[Any]:
+
+class StagedModel:
+    """One rank's stage of a model and the pipeline it runs in: whole-model functions of each micro-batch run on the
+    last stage, their outputs sent to every stage (forward-only passes: the actor's log-probs, the reference's)."""
+
+    def __init__(self, model: DecoderLM, place: StagePlace, device: str = "cpu") -> None:
+        self.stage = DecoderStage(model, place.index, place.stages)
+        self.place = place
+        self.pipeline = Pipeline(self.stage, place.group, place.schedule, device)
+        self.last_rank = dist.get_global_rank(place.group, place.stages - 1)
+
+    def run(self, micros: Sequence[DataBatch], fn: Callable[[nn.Module, DataBatch], Any], train: bool,
+            module: nn.Module, precision: AbstractContextManager[Any]) -> list[Any]:
+        """``fn(model, micro)`` of each micro-batch on the last stage ([] on the others), the micro-batches padded
+        to one shape; ``module`` runs this stage (the stage, or its DDP wrapper)."""
         padded = padded_alike(micros)
         rows = len(padded[0])
         batch = DataBatch.concat(padded)
@@ -86,23 +98,46 @@ class PipelineEngine(TorchEngine):
         def on_last_stage(logits: torch.Tensor, indices: torch.Tensor) -> Any:
             return fn(StageLogits(logits), padded[int(indices[0]) // rows])
 
-        with self.precision():
+        with precision:
             return self.pipeline.run(batch["input_ids"], batch["attention_mask"], len(padded), on_last_stage, train,
-                                     self.module)
-
-    def backward_passes(self, micro_batches: Sequence[DataBatch], loss_fn: MicroLossFn, metrics: StepMetrics) -> None:
-        self._run(micro_batches, lambda module, micro: loss_fn(module, micro) * metrics.scale, train=True)
+                                     module)
 
     @torch.no_grad()
-    def infer(self, micro_batches: Sequence[DataBatch], fn: Callable[[nn.Module, DataBatch], Any]) -> list[Any]:
-        outputs = self._run(micro_batches, fn, train=False)  # on the last stage; [] on the others
+    def infer(self, micros: Sequence[DataBatch], fn: Callable[[nn.Module, DataBatch], Any],
+              module: nn.Module | None = None, precision: AbstractContextManager[Any] | None = None) -> list[Any]:
+        """``fn(model, micro)`` of each micro-batch, on every stage (collective over the pipeline)."""
+        was_training = self.stage.training
+        self.stage.eval()
+        try:
+            outputs = self.run(micros, fn, False, module or self.stage, precision or nullcontext())
+        finally:
+            self.stage.train(was_training)
         sent = [outputs if self.stage.is_last else None]
-        dist.broadcast_object_list(sent, src=self.last_rank, group=self.pp_group)
-        return [_unpadded(output, micro) for output, micro in zip(sent[0], micro_batches, strict=True)]
+        dist.broadcast_object_list(sent, src=self.last_rank, group=self.place.group)
+        return [_unpadded(output, micro) for output, micro in zip(sent[0], micros, strict=True)]
+
+
+class PipelineEngine(TorchEngine):
+    """The stage at ``place`` of ``model`` (this rank's ``tp`` shard, whole on entry: the other stages' layers are
+    dropped); DDP over ``dp_group``, the ranks holding the same stage and shard (a group of one rank without data
+    parallelism)."""
+
+    def __init__(self, model: DecoderLM, optim: OptimConfig, place: StagePlace, dp_group: dist.ProcessGroup,
+                 tp: TensorParallel = SINGLE, device: str = "cpu", bf16: bool = False) -> None:
+        self.staged = StagedModel(model, place, device)
+        self.stage, self.pp_group = self.staged.stage, place.group
+        super().__init__(self.stage, optim, dp_group, tp, device, bf16)
+
+    def backward_passes(self, micro_batches: Sequence[DataBatch], loss_fn: MicroLossFn, metrics: StepMetrics) -> None:
+        self.staged.run(micro_batches, lambda module, micro: loss_fn(module, micro) * metrics.scale, True,
+                        self.module, self.precision())
+
+    def infer(self, micro_batches: Sequence[DataBatch], fn: Callable[[nn.Module, DataBatch], Any]) -> list[Any]:
+        return self.staged.infer(micro_batches, fn, self.module, self.precision())
 
     def step(self, metrics: StepMetrics, skip_nonfinite: bool = False, apply: bool = True) -> dict[str, float]:
         sent = [(metrics.sums, metrics.token_means, metrics.maxima)]
-        dist.broadcast_object_list(sent, src=self.last_rank, group=self.pp_group)
+        dist.broadcast_object_list(sent, src=self.staged.last_rank, group=self.pp_group)
         metrics.sums, metrics.token_means, metrics.maxima = sent[0]
         return super().step(metrics, skip_nonfinite, apply)
 
@@ -110,8 +145,24 @@ class PipelineEngine(TorchEngine):
         max_norm = self.optim_config.grad_clip or float("inf")
         return float(clip_grad_norm(self.stage, max_norm, self.tp, self.pp_group))
 
+    def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The whole model's weights, stage after stage and tensor by tensor, each sent from its stage to the
+        others (collective over every rank): a consumer that copies each tensor away holds one at a time."""
+        for index in range(self.stage.stages):
+            owner = dist.get_global_rank(self.pp_group, index)
+            mine = self.stage.index == index
+            specs = [[(name, _full_shape(value, name, self.tp), value.dtype)
+                      for name, value in self.stage.state_dict().items()] if mine else None]
+            dist.broadcast_object_list(specs, src=owner, group=self.pp_group)
+            own = self.stage.state_dict() if mine else {}
+            for name, shape, dtype in specs[0]:
+                tensor = gather(own[name], name, self.tp).contiguous() if mine else \
+                    torch.empty(shape, dtype=dtype, device=self.device)
+                dist.broadcast(tensor, src=owner, group=self.pp_group)
+                yield name, tensor
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self._merged(super().full_state_dict())
+        return dict(self.full_weights())
 
     def _full_moments(self) -> Moments:
         return self._merged(super()._full_moments())
@@ -143,6 +194,14 @@ class PipelineEngine(TorchEngine):
         names = set(self.stage.state_dict())  # this stage's part of the whole model's checkpoint
         weights = {name: value for name, value in read_weights(path).items() if name in names}
         load_matching(self.stage, shard_state_dict(weights, self.tp), str(path))
+
+
+def _full_shape(shard: torch.Tensor, name: str, tp: TensorParallel) -> torch.Size:
+    """The shape of the whole tensor whose TP shard is ``shard``."""
+    dim = split_dim(name)
+    if dim is None or not tp.enabled or shard.dim() == 0:
+        return shard.shape
+    return torch.Size(size * tp.size if axis == dim else size for axis, size in enumerate(shard.shape))
 
 
 def _on_cpu(value: Any) -> Any:

@@ -43,11 +43,12 @@ WeightSink = Callable[[Iterable[tuple[str, torch.Tensor]]], Mapping[str, Any]]
 
 
 def actor_layout(config: LabConfig) -> ParallelLayout:
-    """The actor's training (TP ``actor.engine.tensor_parallel``) and generation (TP ``rollout.tensor_parallel``)
-    layouts over its ``actor.ranks``. vLLM is fed full weights and shards them itself: its layout has ``tg`` 1."""
-    t = config.actor.engine.tensor_parallel
+    """The actor's training (TP ``actor.engine.tensor_parallel``, ``pipeline_parallel`` stages) and generation (TP
+    ``rollout.tensor_parallel``, one stage: the generation engines hold every layer) layouts over its
+    ``actor.ranks``. vLLM is fed full weights and shards them itself: its layout has ``tg`` 1."""
+    t, p = config.actor.engine.tensor_parallel, config.actor.engine.pipeline_parallel
     tg = 1 if config.rollout.engine == "vllm" else config.rollout.tensor_parallel
-    return ParallelLayout(t=t, tg=tg, d=config.actor.ranks // t)
+    return ParallelLayout(t=t, p=p, tg=tg, d=config.actor.ranks // (t * p))
 
 
 def actor_meshes(config: LabConfig) -> dict[str, Mesh]:
@@ -83,7 +84,7 @@ class HybridEngine:
         self.layout, self.engine, self.span = actor_layout(config), engine, span
         self.adapted = has_adapters(engine.model)
         self.whole = weights_whole(config) and not self.adapted  # adapters merge into a copy
-        self.gather_ways = self.layout.t if weights_whole(config) else config.actor.ranks  # ranks gathered from
+        self.gather_ways = self.layout.t * self.layout.p if weights_whole(config) else config.actor.ranks  # sources
         self.resharder: Resharder | None = None
         self.model: DecoderLM | None = None
         self.load_copy: WeightSink | None = None
@@ -185,6 +186,8 @@ def state_dict_sink(model: torch.nn.Module, verify: bool = False) -> WeightSink:
 
 
 def transition_attrs(stats: TransitionStats, strategy: str) -> dict[str, Any]:
-    """A transition's numbers as span attributes (``bytes_moved`` is the bytes this rank received)."""
-    return {"bytes_moved": stats.bytes_received, "strategy": strategy, "peak_param_bytes": stats.peak_param_bytes,
+    """A transition's numbers as span attributes (``bytes_moved`` is the tensor-parallel weights' bytes this rank
+    received, Table 2's; ``replicated_bytes_moved`` the other stages' norms)."""
+    return {"bytes_moved": stats.bytes_received, "replicated_bytes_moved": stats.replicated_bytes_received,
+            "strategy": strategy, "peak_param_bytes": stats.peak_param_bytes,
             "redundant_param_bytes": stats.redundant_param_bytes, "seconds": round(stats.seconds, 6)}

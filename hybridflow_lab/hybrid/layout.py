@@ -3,14 +3,14 @@
 ``ParallelLayout`` is the one layout type of the Lab: the placement's per-model sizes, the simulator's
 parallel sizes and the hybrid engine's meshes.
 
-Ranks are in Megatron order: tensor-parallel peers are consecutive, then data-parallel replicas.
-Within each training TP group of ``t`` ranks, the paper's regrouping puts **micro-DP groups on
-consecutive ranks** (size ``dg = t / tg``) and **generation TP groups on strided ranks** (stride
-``dg``), so the generation shard of a rank is the concatenation of its micro-DP group's training
-shards, in rank order: one all-gather inside the micro-DP group is the whole transition.
-
-The simulator models pipeline stages (``p``); the hybrid engine's meshes do not yet: they need
-``p = pg = 1``.
+Ranks are in Megatron order for ``p = 1``: tensor-parallel peers are consecutive, then data-parallel
+replicas. The paper's regrouping puts **micro-DP groups on consecutive ranks** (size
+``dg = (t / tg) * (p / pg)``: the training shards, across tensor shards and pipeline stages, that make
+up one generation shard) and **generation groups on strided ranks** (stride ``dg``), so the generation
+shard of a rank is its micro-DP group's training shards together: gathering inside the micro-DP group
+is the whole transition. A rank's number is
+``replica * t * p + (generation stage * tg + generation shard) * dg + (s % (p / pg)) * (t / tg) + k % (t / tg)``
+for training stage ``s`` and training tensor shard ``k``; with ``p = 1`` it is Megatron's ``replica * t + k``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from hybridflow_lab.config.batch_sizes import divisors
 from hybridflow_lab.config.schema import RESHARD_STRATEGIES as STRATEGIES
-from hybridflow_lab.controller.mesh import Mesh
+from hybridflow_lab.controller.mesh import DP, PP, TP, Mesh
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,21 +62,31 @@ class ParallelLayout:
         return f"t{self.t} p{self.p} d{self.d}" + (f" tg{self.tg}" if self.tg != self.t else "") + \
             (f" pg{self.pg}" if self.pg != 1 else "")
 
+    def rank(self, replica: int, stage: int, shard: int) -> int:
+        """The rank holding training stage ``stage`` and tensor shard ``shard`` of model replica ``replica``."""
+        stages_in, shards_in = self.p // self.pg, self.t // self.tg
+        generation = (stage // stages_in) * self.tg + shard // shards_in
+        return replica * self.t * self.p + generation * self.dg + (stage % stages_in) * shards_in + shard % shards_in
+
     def training_mesh(self) -> Mesh:
-        """dp x tp, tensor-parallel peers consecutive."""
-        self._check_single_stage()
-        return Mesh.of(dp=self.d, tp=self.t)
+        """pp x dp x tp over the regrouped ranks (``pp`` only where ``p > 1``; for ``p = 1``, Megatron's dp x tp)."""
+        order = [self.rank(replica, stage, shard)
+                 for stage in range(self.p) for replica in range(self.d) for shard in range(self.t)]
+        axes = ((PP, self.p),) if self.p > 1 else ()
+        return Mesh((*axes, (DP, self.d), (TP, self.t)), ranks=tuple(order))
 
     def generation_mesh(self) -> Mesh:
-        """dp x tp for generation: ``d * dg`` replicas of ``tg`` strided ranks each."""
-        self._check_single_stage()
-        order = [replica * self.t + tp * self.dg + micro
-                 for replica in range(self.d) for micro in range(self.dg) for tp in range(self.tg)]
-        return Mesh((("dp", self.d * self.dg), ("tp", self.tg)), ranks=tuple(order))
+        """dp x pp x tp for generation: ``d * dg`` replicas of ``pg`` stages of ``tg`` strided ranks (``pp`` only
+        where ``pg > 1``)."""
+        stages_in, shards_in = self.p // self.pg, self.t // self.tg
+        order = [self.rank(replica, stage * stages_in + micro // shards_in, shard * shards_in + micro % shards_in)
+                 for replica in range(self.d) for micro in range(self.dg)
+                 for stage in range(self.pg) for shard in range(self.tg)]
+        axes = ((PP, self.pg),) if self.pg > 1 else ()
+        return Mesh(((DP, self.d * self.dg), *axes, (TP, self.tg)), ranks=tuple(order))
 
     def regroup_mesh(self) -> Mesh:
         """``micro_dp`` groups: ``dg`` consecutive ranks each."""
-        self._check_single_stage()
         return Mesh.of(block=self.world_size // self.dg, micro_dp=self.dg)
 
     def meshes(self) -> dict[str, Mesh]:
@@ -94,26 +104,30 @@ class ParallelLayout:
         return self.training_mesh().groups("tp")
 
     def training_tp_rank(self, rank: int) -> int:
-        """Which training shard ``rank`` holds: its position in its training TP group."""
-        return rank % self.t
+        """Which training tensor shard ``rank`` holds."""
+        return self.training_mesh().coord(rank, TP)
+
+    def training_stage(self, rank: int) -> int:
+        """Which training pipeline stage ``rank`` holds."""
+        return self.training_mesh().coord(rank, PP)
 
     def generation_tp_rank(self, rank: int) -> int:
-        """Which generation shard ``rank`` holds: its micro-DP group's position in its training TP group."""
-        return self.training_tp_rank(rank) // self.dg
+        """Which generation tensor shard ``rank`` holds: its micro-DP group's place in its generation TP group."""
+        return self.generation_mesh().coord(rank, TP)
 
-    def _check_single_stage(self) -> None:
-        if self.p > 1 or self.pg > 1:
-            raise ValueError(f"p={self.p}, pg={self.pg}: the hybrid engine has no pipeline stages yet; use p=1 and "
-                             "pg=1 (the placement simulator models p > 1)")
+    def generation_stage(self, rank: int) -> int:
+        """Which generation pipeline stage ``rank`` holds."""
+        return self.generation_mesh().coord(rank, PP)
 
 
 def formula_bytes_per_rank(strategy: str, layout: ParallelLayout, model_bytes: int) -> float:
-    """The paper's Table 2 communication volume per rank for a training-to-generation transition."""
-    t, tg, world = layout.t, layout.tg, layout.world_size
+    """The paper's Table 2 communication volume per rank for a training-to-generation transition: with pipeline
+    stages, the mean over the ranks (stages differ in size, so ranks differ in what they receive)."""
+    train, generation, world = layout.t * layout.p, layout.tg * layout.pg, layout.world_size
     if strategy == "hybridflow":
-        return (t - tg) / (tg * t) * model_bytes
+        return (train - generation) / (generation * train) * model_bytes
     if strategy == "hybridflow_v":
-        return (t - 1) / t * model_bytes
+        return (train - 1) / train * model_bytes
     if strategy == "ds_chat":
         return (world - 1) / world * model_bytes
     raise ValueError(f"unknown strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")

@@ -1,19 +1,21 @@
-"""Moving the actor's weights between the training layout (TP ``t``) and the generation layout (TP ``tg``).
+"""Moving the actor's weights between the training layout (stage of ``p``, TP ``t``) and the generation layout
+(the whole model, TP ``tg``).
 
 Every TP-sharded weight is handled as a matrix whose rows are the split dimension (the weight for
 column-parallel layers, its transpose for row-parallel ones), so a gathered block of shards is one
 contiguous buffer and a generation weight is a *view* of it: nothing is re-laid out or copied.
+``hybrid.gather`` has the groups and buffers: all-gather inside the stage, then broadcast across stages.
 
-- ``hybridflow`` (the paper's 3D-HybridEngine): all-gather inside the micro-DP group into a buffer
-  of ``t / tg`` shards; the training shard is moved *into* its slot of that buffer (no second
-  copy: zero redundancy). Back to training, the slot is copied out and the buffer dropped: no
-  bytes move between ranks.
-- ``hybridflow_v``: all-gather the whole model inside the training TP group, keep the training
-  shard beside it, slice the generation shard out of the full copy.
+- ``hybridflow`` (the paper's 3D-HybridEngine): gather inside the micro-DP group into buffers of ``t / tg``
+  shards per weight; the training shard is moved *into* its slot of that buffer (no second copy: zero
+  redundancy). Back to training, the slot is copied out and the buffers dropped: no bytes move between ranks.
+- ``hybridflow_v``: gather the whole model inside the model replica (the training TP group, then the pipeline
+  group), keep the training shard beside it, slice the generation shard out of the full copy.
 - ``ds_chat``: every rank holds a ZeRO-3 style 1/world flat partition and all-gathers the full
   model over all ranks; generation runs on the full replica.
 
-Replicated weights (norms) are shared between the two models and never move.
+Replicated weights (norms) of the rank's own stage are shared between the two models and never move; those of
+other stages are broadcast over the pipeline group (counted apart: Table 2's ``M`` is the TP-split weights).
 """
 
 from __future__ import annotations
@@ -25,49 +27,32 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hybridflow_lab.hybrid.gather import Groups, all_gather_rows, owner_stages, process_groups, stage_buffers
 from hybridflow_lab.hybrid.layout import STRATEGIES, ParallelLayout
-from hybridflow_lab.models.decoder import DecoderLM
+from hybridflow_lab.models.decoder import DecoderLM, shard_model
+from hybridflow_lab.models.pipeline import DecoderStage
 from hybridflow_lab.models.tensor_parallel import TensorParallel, split_dim
 
-Gathered = tuple[int, Any]  # (bytes this rank receives, the pending collective or None)
+__all__ = ["Groups", "Resharder", "TransitionStats", "process_groups", "training_shard"]  # the workers' imports
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TransitionStats:
-    """One transition on one rank: bytes received, parameter bytes held at the peak, bytes held twice, seconds."""
+    """One transition on one rank: bytes received (TP-split weights, and replicated weights of other stages),
+    parameter bytes held at the peak, bytes held twice, seconds."""
 
     direction: str
     bytes_received: int
+    replicated_bytes_received: int
     peak_param_bytes: int
     redundant_param_bytes: int
     seconds: float
 
 
-@dataclass(frozen=True)
-class Groups:
-    """The process groups a strategy needs, each containing this rank (None where unused)."""
-
-    micro_dp: Any = None
-    training_tp: Any = None
-    generation_tp: Any = None
-    world: Any = None
-
-
-def all_gather_rows(output: torch.Tensor, shard: torch.Tensor, group: Any) -> Any:
-    """Start gathering every rank's ``shard`` into ``output`` in rank order along dim 0; returns the pending work.
-
-    torch 2.13 names this collective ``all_gather_single`` and deprecates ``all_gather_into_tensor``; torch 2.11,
-    the lent GPU machines' torch, has only the older name.
-    """
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return gather(output, shard, group=group, async_op=True)
-
-
-def process_groups(device_mesh: Any) -> Groups:
-    """The groups of ``ParallelLayout.meshes()``, from a worker's ``device_mesh(name)`` accessor."""
-    return Groups(micro_dp=device_mesh("regroup").get_group("micro_dp"),
-                  training_tp=device_mesh("train").get_group("tp"),
-                  generation_tp=device_mesh("generate").get_group("tp"), world=dist.group.WORLD)
+def training_shard(full: DecoderLM, layout: ParallelLayout, rank: int, groups: Groups) -> DecoderLM | DecoderStage:
+    """This rank's training model: its TP shard of ``full``, cut to its pipeline stage when ``layout.p > 1``."""
+    model = shard_model(full, TensorParallel(layout.t, layout.training_tp_rank(rank), groups.training_tp))
+    return DecoderStage(model, layout.training_stage(rank), layout.p) if layout.p > 1 else model
 
 
 def as_rows(weight: torch.Tensor, name: str) -> torch.Tensor:
@@ -85,62 +70,84 @@ def param_bytes(tensors: list[torch.Tensor]) -> int:
     return sum(storages.values())
 
 
+def wait(works: list[Any]) -> None:
+    for work in works:
+        work.wait()
+
+
 class Resharder:
-    """Switches one rank's actor between ``train_model`` (TP ``layout.t``) and a generation model (TP ``layout.tg``).
+    """Switches one rank's actor between ``train_model`` (its stage ``layout.training_stage(rank)`` of ``layout.p``,
+    TP ``layout.t``; a ``DecoderStage`` when ``p > 1``) and a generation model (the whole model, TP ``layout.tg``).
 
     ``to_generation()`` returns the generation model, whose sharded weights are views of freshly
     gathered buffers; ``to_training()`` releases them. Both return ``TransitionStats``.
     """
 
-    def __init__(self, train_model: DecoderLM, layout: ParallelLayout, rank: int, groups: Groups,
+    def __init__(self, train_model: DecoderLM | DecoderStage, layout: ParallelLayout, rank: int, groups: Groups,
                  strategy: str = "hybridflow") -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; strategies: {', '.join(STRATEGIES)}")
+        if layout.pg > 1:
+            raise ValueError(f"pg={layout.pg}: the generation model is the whole model (the Lab's generation "
+                             "engines do not pipeline); use pg=1")
         self.train_model, self.layout, self.rank, self.groups, self.strategy = \
             train_model, layout, rank, groups, strategy
-        self.sharded = {n: p for n, p in train_model.named_parameters() if split_dim(n) is not None}
+        self.stage, shard = layout.training_stage(rank), layout.training_tp_rank(rank)
+        self.train_params = dict(train_model.named_parameters())
+        self.sharded = {n: p for n, p in self.train_params.items() if split_dim(n) is not None}
         generation_tp = 1 if strategy == "ds_chat" else layout.tg
         tp = TensorParallel(generation_tp, layout.generation_tp_rank(rank) if generation_tp > 1 else 0,
                             groups.generation_tp)
         with torch.device("meta"):
             self.generation_model = DecoderLM(train_model.config, tp)
-        self._share_replicated()
+        self.stages = owner_stages(self.generation_model, layout.p)
+        self.shapes = {n: p.shape for n, p in self.generation_model.named_parameters()}
+        # step 1 gathers ``slots`` training shards per weight (the generation shard's, or the whole stage's)
+        self.slots = layout.t // layout.tg if strategy == "hybridflow" else layout.t
+        self.slot = shard % self.slots
+        self.stage_group = groups.micro_dp_stage if strategy == "hybridflow" else groups.training_tp
+        replica = rank // (layout.t * layout.p)
+        self.pipeline_ranks = [layout.rank(replica, stage, shard) for stage in range(layout.p)]
+        self._share_own_replicated()
         self._buffers: dict[str, torch.Tensor] = {}
         self._partitions: dict[str, torch.Tensor] = {}  # ds_chat's ZeRO-3 training state
-        self._full_shapes: dict[str, torch.Size] = {}
 
-    def _share_replicated(self) -> None:
-        for name, param in self.train_model.named_parameters():
-            if name not in self.sharded:
-                self._set_generation_tensor(name, param.data)
-        for name, buffer in self.train_model.named_buffers():
-            self._set_generation_tensor(name, buffer)
+    @property
+    def sharded_names(self) -> list[str]:
+        """Every TP-split weight of the whole model, in its order (the same on every rank)."""
+        return [n for n in self.shapes if split_dim(n) is not None]
+
+    def _share_own_replicated(self) -> None:
+        for name in self.shapes:
+            if split_dim(name) is None and self.stages[name] == self.stage:
+                self._set_generation_tensor(name, self.train_params[name].data)
+        rotary = self.train_model.rotary if isinstance(self.train_model, DecoderStage) else \
+            self.train_model.model.rotary
+        self.generation_model.model.rotary = rotary
 
     def _set_generation_tensor(self, name: str, tensor: torch.Tensor) -> None:
-        """Point the generation model's parameter (or buffer) ``name`` at ``tensor`` (no copy)."""
+        """Point the generation model's parameter ``name`` at ``tensor`` (no copy)."""
         prefix, attr = name.rsplit(".", 1)
-        module = self.generation_model.get_submodule(prefix)
-        if attr in module._parameters:
-            module._parameters[attr] = torch.nn.Parameter(tensor, requires_grad=False)
-        else:
-            module._buffers[attr] = tensor
+        self.generation_model.get_submodule(prefix)._parameters[attr] = torch.nn.Parameter(tensor,
+                                                                                           requires_grad=False)
+
+    def _empty(self, shape: tuple[int, ...] | torch.Size | int) -> torch.Tensor:
+        like = next(iter(self.sharded.values()))
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
 
     # ------------------------------------------------------------------ transitions
     def to_generation(self) -> tuple[DecoderLM, TransitionStats]:
         if self.strategy == "ds_chat":
             self._partition_for_zero3()
         start = time.perf_counter()
-        received, pending = 0, []
-        for name, param in self.sharded.items():  # collectives are queued back to back, then awaited
-            moved, work = getattr(self, f"_gather_{self.strategy}")(name, param)
-            received += moved
-            pending += [work] if work is not None else []
-        for work in pending:
-            work.wait()
-        for name in self.sharded:
+        replicated, pending = self._broadcast_replicated()
+        received = self._gather_partitions() if self.strategy == "ds_chat" else self._gather_stages()
+        wait(pending)
+        for name in self.sharded_names:
             self._set_generation_tensor(name, from_rows(self._generation_rows(name), name))
-        stats = TransitionStats("to_generation", received, self._held_bytes(), self._redundant_bytes(),
-                                time.perf_counter() - start)
+        stats = TransitionStats(direction="to_generation", bytes_received=received,
+                                replicated_bytes_received=replicated, peak_param_bytes=self._held_bytes(),
+                                redundant_param_bytes=self._redundant_bytes(), seconds=time.perf_counter() - start)
         return self.generation_model, stats
 
     def to_training(self) -> TransitionStats:
@@ -148,53 +155,86 @@ class Resharder:
         if self.strategy == "hybridflow":  # the training shard lives in its buffer slot: copy it out, drop the rest
             for param in self.sharded.values():
                 param.data = param.data.clone(memory_format=torch.contiguous_format)
-        for name, param in self.sharded.items():  # the generation model lets go of the gathered buffers
-            self._set_generation_tensor(name, torch.empty(0, dtype=param.dtype, device=param.device))
+        for name in self.shapes:  # the generation model lets go of everything it received
+            if split_dim(name) is not None or self.stages[name] != self.stage:
+                self._set_generation_tensor(name, self._empty(0))
         self._buffers.clear()
-        return TransitionStats("to_training", 0, self._held_bytes(), self._redundant_bytes(),
-                               time.perf_counter() - start)
+        return TransitionStats(direction="to_training", bytes_received=0, replicated_bytes_received=0,
+                               peak_param_bytes=self._held_bytes(), redundant_param_bytes=self._redundant_bytes(),
+                               seconds=time.perf_counter() - start)
 
-    # ------------------------------------------------------------------ strategies
-    def _gather_hybridflow(self, name: str, param: torch.nn.Parameter) -> Gathered:
-        shard = as_rows(param.data, name)
-        dg, slot = self.layout.dg, self.rank % self.layout.dg
-        buffer = torch.empty((dg * shard.shape[0], *shard.shape[1:]), dtype=shard.dtype, device=shard.device)
-        mine = buffer.chunk(dg)[slot]
-        mine.copy_(shard)
-        param.data = from_rows(mine, name)  # the training shard now lives inside the buffer
-        self._buffers[name] = buffer
-        if dg == 1:
-            return 0, None
-        # this rank's input is its own slot of the output: gathering writes the other slots around it
-        work = all_gather_rows(buffer, mine, self.groups.micro_dp)
-        return (dg - 1) * shard.numel() * shard.element_size(), work
+    # ------------------------------------------------------------------ what moves
+    def _broadcast_replicated(self) -> tuple[int, list[Any]]:
+        """Start broadcasting each stage's replicated weights over the pipeline group from the rank holding them."""
+        received, works = 0, []
+        if self.layout.p == 1:
+            return received, works
+        for name, shape in self.shapes.items():
+            if split_dim(name) is not None:
+                continue
+            stage = self.stages[name]
+            tensor = self.train_params[name].data if stage == self.stage else self._empty(shape)
+            if stage != self.stage:
+                self._set_generation_tensor(name, tensor)
+                received += tensor.nbytes
+            works.append(dist.broadcast(tensor, src=self.pipeline_ranks[stage], group=self.groups.pipeline,
+                                        async_op=True))
+        return received, works
 
-    def _gather_hybridflow_v(self, name: str, param: torch.nn.Parameter) -> Gathered:
-        shard = as_rows(param.data, name).contiguous()
-        t = self.layout.t
-        buffer = torch.empty((t * shard.shape[0], *shard.shape[1:]), dtype=shard.dtype, device=shard.device)
-        self._buffers[name] = buffer
-        work = all_gather_rows(buffer, shard, self.groups.training_tp)
-        return (t - 1) * shard.numel() * shard.element_size(), work
+    def _gather_stages(self) -> int:
+        """All-gather this stage's weights among its ``slots`` ranks (this rank's training shard in its slot;
+        ``hybridflow``: moved there), then broadcast each stage's over the pipeline group; the bytes received."""
+        flats, self._buffers = stage_buffers({n: self._gathered_rows(n) for n in self.sharded_names}, self.stages,
+                                             self.layout.p, next(iter(self.sharded.values())))
+        received, works = 0, []
+        for name, param in self.sharded.items():
+            rows = self._buffers[name]
+            slot = rows.chunk(self.slots)[self.slot]
+            slot.copy_(as_rows(param.data, name))
+            if self.strategy == "hybridflow":
+                param.data = from_rows(slot, name)  # the training shard now lives inside the buffer
+            if self.slots > 1:  # this rank's input is its own slot of the output: gathering writes around it
+                works.append(all_gather_rows(rows, slot, self.stage_group))
+                received += rows.nbytes - slot.nbytes
+        wait(works)
+        if self.layout.p > 1:
+            wait([dist.broadcast(flat, src=self.pipeline_ranks[stage], group=self.groups.pipeline, async_op=True)
+                  for stage, flat in enumerate(flats)])
+            received += sum(flat.nbytes for stage, flat in enumerate(flats) if stage != self.stage)
+        return received
 
-    def _gather_ds_chat(self, name: str, param: torch.nn.Parameter) -> Gathered:
-        partition = self._partitions[name]
-        world = self.layout.world_size
-        flat = torch.empty(world * partition.numel(), dtype=partition.dtype, device=partition.device)
-        shape = self._full_shapes[name]
-        self._buffers[name] = flat[: shape.numel()].view(shape)
-        work = all_gather_rows(flat, partition, self.groups.world)
-        return (world - 1) * partition.numel() * partition.element_size(), work
+    def _rows(self, name: str) -> torch.Size:
+        """The shape of ``name``'s generation weight as rows."""
+        return as_rows(torch.empty(self.shapes[name], device="meta"), name).shape
+
+    def _gathered_rows(self, name: str) -> tuple[int, ...]:
+        """The shape of ``slots`` training shards of ``name`` as rows."""
+        rows = self._rows(name)
+        return (rows[0] * self.generation_model.tp.size * self.slots // self.layout.t, *rows[1:])
+
+    def _gather_partitions(self) -> int:
+        """All-gather every weight's partitions over the world; the bytes received."""
+        world, received, works = self.layout.world_size, 0, []
+        for name in self.sharded_names:
+            partition = self._partitions[name]
+            flat = self._empty(world * partition.numel())
+            mine = flat.chunk(world)[self.rank]
+            mine.copy_(partition)
+            rows = self._rows(name)
+            self._buffers[name] = flat[: rows.numel()].view(rows)
+            works.append(all_gather_rows(flat, mine, self.groups.world))
+            received += (world - 1) * partition.nbytes
+        wait(works)
+        return received
 
     def _partition_for_zero3(self) -> None:
         """This rank's 1/world flat slice of every full weight: DeepSpeed-Chat's ZeRO-3 training state, emulated
-        from the current TP shards (one all-gather in the training TP group, not counted as the transition's)."""
+        from the model replica's training shards (gathered as ``hybridflow_v`` does, not counted as the
+        transition's)."""
         world = self.layout.world_size
-        for name, param in self.sharded.items():
-            self._gather_hybridflow_v(name, param)[1].wait()
-            full = self._buffers.pop(name)
-            self._full_shapes[name] = full.shape
-            flat = full.flatten()
+        self._gather_stages()
+        for name in self.sharded_names:
+            flat = self._buffers.pop(name).flatten()
             size = -(-flat.numel() // world)
             padded = torch.zeros(size * world, dtype=flat.dtype, device=flat.device)
             padded[: flat.numel()] = flat

@@ -11,7 +11,7 @@ takes the slowest set (the paper's ``d_cost``). Results are cached per (models, 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 
@@ -107,22 +107,27 @@ class AutoMapper:
 
     ``together`` keeps roles in one set (the Lab runs the reference and reward model inside the actor's
     ranks); ``follow_actor`` roles take the actor's parallel sizes (the Lab's reference is sharded like
-    the actor); ``max_pipeline`` and ``tensor_parallel_roles`` restrict the sweep to what the runtime
-    supports; ``concurrent_sets=False`` scores a runtime that runs the sets' stages one after another;
-    ``allow_idle`` also tries leaving devices unused (CPU ranks that share cores can be faster fewer).
+    the actor); ``max_pipeline``, ``tensor_parallel_roles`` and ``pipeline_parallel_roles`` restrict the
+    sweep to what the runtime supports; ``concurrent_sets=False`` scores a runtime that runs the sets'
+    stages one after another; ``allow_idle`` also tries leaving devices unused (CPU ranks that share
+    cores can be faster fewer); ``runs(role, layout)`` keeps only the layouts the runtime accepts.
     """
 
     def __init__(self, workload: Workload, hardware: HardwareProfile, devices: int, *,
                  together: Sequence[str] = (), max_pipeline: int = 16,
-                 tensor_parallel_roles: Sequence[str] | None = None, concurrent_sets: bool = True,
-                 follow_actor: Sequence[str] = (), allow_idle: bool = False) -> None:
+                 tensor_parallel_roles: Sequence[str] | None = None,
+                 pipeline_parallel_roles: Sequence[str] | None = None, concurrent_sets: bool = True,
+                 follow_actor: Sequence[str] = (), allow_idle: bool = False,
+                 runs: Callable[[str, ParallelLayout], bool] | None = None) -> None:
         self.workload, self.hardware, self.devices = workload, hardware, devices
-        self.allow_idle = allow_idle
+        self.allow_idle, self.runs = allow_idle, runs
         self.follow_actor = tuple(r for r in follow_actor if r in workload.models)
         self.concurrent_sets = concurrent_sets
         self.together = tuple(r for r in together if r in workload.models)
         self.max_pipeline = max_pipeline
         self.tensor_parallel_roles = workload.roles if tensor_parallel_roles is None else tuple(tensor_parallel_roles)
+        self.pipeline_parallel_roles = workload.roles if pipeline_parallel_roles is None \
+            else tuple(pipeline_parallel_roles)
         per_node = hardware.devices_per_node
         self.unit = per_node if devices % per_node == 0 and devices >= 2 * per_node else 1
         self.capacity = hardware.memory_bytes * MEMORY_RESERVE
@@ -134,15 +139,16 @@ class AutoMapper:
         the layers; the actor also sweeps its generation ``tg`` (dividing t)."""
         spec = self.workload.models[role]
         max_t = min(self.hardware.devices_per_node, devices) if role in self.tensor_parallel_roles else 1
+        max_p = min(self.max_pipeline, spec.layers) if role in self.pipeline_parallel_roles else 1
         sizes = [t for t in (1, 2, 4, 8, 16, 32) if t <= max_t and spec.heads % t == 0 and spec.kv_heads % t == 0]
         choices = []
         for t in sizes:
-            for p in range(1, min(self.max_pipeline, spec.layers) + 1):
+            for p in range(1, max_p + 1):
                 if spec.layers % p or devices % (t * p):
                     continue
                 tgs = [g for g in sizes if t % g == 0] if role == "actor" else [t]
                 choices += [ParallelLayout(t=t, p=p, d=devices // (t * p), tg=tg) for tg in tgs]
-        return choices
+        return [layout for layout in choices if self.runs is None or self.runs(role, layout)]
 
     def _best_for_set(self, roles: tuple[str, ...], devices: int) -> ColocatedSet | None:
         """The fastest parallel sizes for ``roles`` sharing ``devices`` that fit in memory together, or None.

@@ -38,8 +38,9 @@ class HardwareProfile:
         """Per-device bandwidth of a collective over ``devices`` consecutive devices."""
         return self.intra_node_bandwidth if devices <= self.devices_per_node else self.inter_node_bandwidth
 
-    def share(self, busy_devices: int) -> float:
-        """The fraction of a device's rate left when ``busy_devices`` run at once (1 unless cores are shared)."""
+    def share(self, busy_devices: float) -> float:
+        """The fraction of a device's rate left when ``busy_devices`` run at once, on average (1 unless cores are
+        shared)."""
         if self.cores <= 0 or busy_devices <= self.cores:
             return 1.0
         return self.cores / busy_devices

@@ -3,9 +3,9 @@
 ``Placement`` is what the placement board edits, what the auto-mapping search proposes and what
 ``Lab(config, placement=...)`` runs. It checks itself before any worker starts: sizes divide the
 pools, the models on a pool fit in a device's memory (``check_memory``), and, for a Lab, what the
-Lab can run (``apply``: the reference and reward models inside the actor's ranks, no pipeline
-parallelism, tensor-parallel training for the actor only). It prints as a table and round-trips
-through YAML.
+Lab can run (``apply``: the reference and reward models inside the actor's ranks, tensor-parallel and
+pipeline-parallel training for the actor only, generation on one pipeline stage). It prints as a table
+and round-trips through YAML.
 """
 
 from __future__ import annotations
@@ -91,8 +91,9 @@ class Placement:
             raise ConfigError("rollout.tensor_parallel", f"generation TP {tg} does not divide the actor's training TP "
                               f"{t}, so the run has no placement (its generation shards are not whole training "
                               f"shards); a placement needs rollout.tensor_parallel in {divisors(t)}")
-        actor = ParallelLayout(t=t, tg=tg)
-        sizes = {"actor": actor, **({"reference": ParallelLayout(t=t, tg=t)} if "reference" in inside else {})}
+        p = config.actor.engine.pipeline_parallel
+        actor = ParallelLayout(t=t, p=p, tg=tg)
+        sizes = {"actor": actor, **({"reference": ParallelLayout(t=t, p=p, tg=t)} if "reference" in inside else {})}
         return cls(pools=config.pool_slots(roles), assignment=assignment, sizes=sizes,
                    engines={role: getattr(config, role).engine.backend for role in roles},
                    zero_stages={role: getattr(config, role).engine.zero_stage for role in roles})
@@ -231,36 +232,52 @@ class Placement:
                                   "another pool")
 
     def check_lab(self) -> None:
-        """What the Lab can run: reference/reward/cost inside the actor's ranks, no pipeline, TP only for the actor."""
+        """What the Lab can run: reference/reward/cost inside the actor's ranks, the reference sharded like the
+        actor, pipeline stages for the actor's training only, TP only for the actor."""
         self.check_sizes()
         actor_pool = self.assignment.get("actor")
         for model, pool in self.assignment.items():
-            sizes = self.size_of(model)
-            if sizes.p > 1 or sizes.pg > 1:
-                raise ConfigError(f"placement.{model}", "the Lab has no pipeline parallelism; use p=1 and pg=1 "
-                                  "(the simulator and `hybridflow-lab plan --paper-model` model it)")
             if model in INSIDE_ACTOR and pool != actor_pool:
                 raise ConfigError(f"placement.{model}", f"the Lab runs the {model} model inside the actor's ranks; "
                                   f"place it on the actor's pool {actor_pool!r}")
-            if model == "reference" and sizes.t != self.size_of("actor").t:
-                raise ConfigError("placement.reference", f"the reference is sharded like the actor (t="
-                                  f"{self.size_of('actor').t}); set its t to the actor's")
+            self._check_stages(model)
+
+    def _check_stages(self, model: str) -> None:
+        """Generation on one pipeline stage; training stages for the actor, and the reference following them."""
+        sizes, actor = self.size_of(model), self.size_of("actor")
+        if sizes.pg > 1:
+            raise ConfigError(f"placement.{model}", f"pg={sizes.pg}: the Lab's generation engines hold every layer "
+                              "(the hybrid engine gathers the pipeline stages for generation); use pg=1")
+        if model == "reference" and (sizes.t, sizes.p) != (actor.t, actor.p):
+            raise ConfigError("placement.reference", f"the reference is sharded like the actor (t={actor.t}, "
+                              f"p={actor.p}); set its t and p to the actor's")
+        if sizes.p > 1 and model not in ("actor", "reference"):
+            raise ConfigError(f"placement.{model}", f"p={sizes.p}: only the actor trains pipeline-parallel in the "
+                              f"Lab (the reference follows it); use p=1 for the {model}")
 
     # ------------------------------------------------------------------ the Lab's config
     def overrides(self) -> list[str]:
-        """The dotted overrides that turn a Lab config into this placement."""
+        """The dotted overrides that turn a Lab config into this placement; pipeline stages (p > 1) also set what
+        they run on: the torch engine, and passes over padded micro-batches of one shape."""
         actor = self.size_of("actor")
-        items = [f"actor.engine.tensor_parallel={actor.t}", f"rollout.tensor_parallel={actor.tg}"]
+        items = [f"actor.engine.tensor_parallel={actor.t}", f"rollout.tensor_parallel={actor.tg}",
+                 f"actor.engine.pipeline_parallel={actor.p}"]
+        if actor.p > 1:
+            items.append("actor.engine.remove_padding=false")
         for role in ("actor", "critic"):
             if role not in self.assignment:
                 continue
             pool = self.assignment[role]
             items += [f"{role}.pool={pool}", f"{role}.ranks={self.pools[pool]}"]
-            if role in self.engines:
-                items.append(f"{role}.engine.backend={self.engines[role]}")
+            if backend := self._backend(role):
+                items.append(f"{role}.engine.backend={backend}")
             if role in self.zero_stages:
                 items.append(f"{role}.engine.zero_stage={self.zero_stages[role]}")
         return items
+
+    def _backend(self, role: str) -> str | None:
+        """``role``'s training backend as run: the torch engine for an actor in pipeline stages."""
+        return "torch" if role == "actor" and self.size_of("actor").p > 1 else self.engines.get(role)
 
     def apply(self, config: LabConfig) -> LabConfig:
         """``config`` with this placement; raises ``ConfigError`` when it cannot work."""
@@ -287,18 +304,38 @@ class Placement:
 
     def tensor_parallel_choices(self, config: LabConfig, devices: int, which: str = "tg") -> list[int]:
         """The actor's generation (``which="tg"``) or training (``"t"``) TP sizes that make a valid placement."""
-        actor_slots = self.pools[self.assignment["actor"]]
-        return [tp for tp in range(1, actor_slots + 1) if self._actor_tp_problem(which, tp, config, devices) is None]
+        return self._actor_size_choices(which, config, devices)
 
-    def _actor_tp_problem(self, which: str, tp: int, config: LabConfig, devices: int) -> str | None:
+    def pipeline_choices(self, config: LabConfig, devices: int) -> list[int]:
+        """The actor's pipeline stage counts (``p``) that make a valid placement."""
+        return self._actor_size_choices("p", config, devices)
+
+    def _actor_size_choices(self, which: str, config: LabConfig, devices: int) -> list[int]:
+        actor_slots = self.pools[self.assignment["actor"]]
+        return [size for size in range(1, actor_slots + 1)
+                if self._actor_size_problem(which, size, config, devices) is None]
+
+    def _actor_size_problem(self, which: str, size: int, config: LabConfig, devices: int) -> str | None:
         try:
-            return self.with_actor_tp(which, tp).problem(config, devices)
+            return self._with_actor_size(which, size).problem(config, devices)
         except ConfigError as error:  # a tg that does not divide t
             return str(error)
 
     def with_actor_tp(self, which: str, tp: int) -> Placement:
         """The actor's ``t`` or ``tg`` set to ``tp``; the reference follows the actor's ``t``."""
-        placement = self.with_sizes("actor", **{which: tp})
-        if which == "t" and "reference" in self.assignment:
-            placement = placement.with_sizes("reference", t=tp, tg=tp)
+        return self._with_actor_size(which, tp)
+
+    def with_actor_pipeline(self, p: int) -> Placement:
+        """The actor's training in ``p`` pipeline stages (on the torch engine when p > 1); the reference follows."""
+        placement = self._with_actor_size("p", p)
+        if p > 1 and "actor" in placement.engines:
+            placement = placement.with_changes(engines={**placement.engines, "actor": "torch"})
+        return placement
+
+    def _with_actor_size(self, which: str, size: int) -> Placement:
+        """The actor's ``t``, ``tg`` or ``p`` set to ``size``; the reference follows the actor's ``t`` and ``p``."""
+        placement = self.with_sizes("actor", **{which: size})
+        if which in ("t", "p") and "reference" in self.assignment:
+            actor = placement.size_of("actor")
+            placement = placement.with_sizes("reference", t=actor.t, p=actor.p, tg=actor.t)
         return placement

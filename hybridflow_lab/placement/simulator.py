@@ -1,7 +1,8 @@
 """The analytic cost model of the paper's auto-mapping (section 6): seconds per stage and bytes per device.
 
 Training and forward-only passes are compute-bound (FLOPs over the achieved rate), with tensor-parallel
-all-reduces, the pipeline bubble and the data-parallel gradient all-reduce added. Generation is
+all-reduces, the pipeline bubble and the data-parallel gradient all-reduce added; where devices share CPU
+cores, a pipeline's ranks compete for them only while busy (1 / bubble of the time). Generation is
 memory-bound: every decoding step reads the generation shard of the weights and the batch's KV cache,
 and the batch per replica is as large as the KV cache that fits in the memory left over. The actor's
 training-to-generation transition costs the 3D-HybridEngine's bytes (Table 2) over the TP links.
@@ -55,10 +56,11 @@ def _forward_s(spec: ModelSpec, layout: ParallelLayout, workload: Workload, hw: 
     """``passes`` forward-equivalents over ``sequences`` full sequences on ``layout`` (3 = forward + backward)."""
     tokens = sequences * workload.sequence_tokens
     flops = passes * tokens * spec.flops_per_token(workload.sequence_tokens // 2)
-    compute = flops / (layout.world_size * hw.flops * efficiency * hw.share(layout.world_size))
     tokens_per_replica = tokens / layout.d
     micro_batches = max(1, math.ceil(tokens_per_replica / workload.tokens_per_micro_batch))
     bubble = 1 + (layout.p - 1) / micro_batches
+    # a stage waiting in the bubble sleeps in its receive, so on shared cores only 1/bubble of the ranks compete
+    compute = flops / (layout.world_size * hw.flops * efficiency * hw.share(layout.world_size / bubble))
     tp_comm = 0.0
     if layout.t > 1:  # two activation all-reduces per layer per forward-equivalent (ring: 2 (t-1)/t each)
         all_reduces = passes * 2 * spec.layers / layout.p

@@ -70,7 +70,8 @@ def bytes_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
 
     ``rows`` are ``hybridflow_lab.bench.reshard.run(...)["results"]``.
     """
-    x = [[f"t={row['t']}, tg={row['tg']}" for row in rows], [row["strategy"] for row in rows]]
+    x = [[f"t={row['t']}" + (f", p={row['p']}" if row.get("p", 1) > 1 else "") + f", tg={row['tg']}" for row in rows],
+         [row["strategy"] for row in rows]]
     colors = [COLORS[STRATEGIES.index(row["strategy"])] for row in rows]
     figure = go.Figure([
         go.Bar(name="measured", x=x, y=[row["bytes_per_rank"] for row in rows], marker_color=colors),

@@ -1,4 +1,5 @@
-"""``placement_board(lab)``: place the models on device pools and pick their parallel sizes.
+"""``placement_board(lab)``: place the models on device pools and pick their parallel sizes (the actor's training
+and generation TP, and its training's pipeline stages).
 
 Only valid values are offered (each choice is checked with the config validation); an invalid
 combination says why; Apply reconfigures the Lab (restarting running worker groups). A ``suggest``
@@ -56,7 +57,8 @@ def default_devices(plan: Placement) -> int:
 
 
 class PlacementBoard:
-    """Widgets editing ``lab``'s placement: pool per model, pool sizes, generation TP, training engines."""
+    """Widgets editing ``lab``'s placement: pool per model, pool sizes, the actor's TP sizes and pipeline stages,
+    training engines."""
 
     def __init__(self, lab: Lab, devices: int | None = None, suggest: Suggester | None = None) -> None:
         self.lab = lab
@@ -103,6 +105,9 @@ class PlacementBoard:
             current = getattr(self.plan.size_of("actor"), which)
             sizes = self.plan.tensor_parallel_choices(config, self.devices, which) or [current]
             rows.append(self._choice(label, sizes, current, lambda tp, which=which: self.plan.with_actor_tp(which, tp)))
+        stages = self.plan.size_of("actor").p
+        rows.append(self._choice("pipeline stages", self.plan.pipeline_choices(config, self.devices) or [stages],
+                                 stages, lambda p: self.plan.with_actor_pipeline(p)))
         self.controls.children = rows
         self.grid.value = device_grid_html(self.plan, self.devices)
         problem = self.plan.problem(config, self.devices)

@@ -24,6 +24,7 @@ from hybridflow_lab.dataflows import RunNeeds
 from hybridflow_lab.engines import SamplingParams, TrainingState
 from hybridflow_lab.engines.forward import response_log_probs
 from hybridflow_lab.engines.frozen import build_frozen_model
+from hybridflow_lab.engines.pipeline_engine import StagedModel, StagePlace
 from hybridflow_lab.engines.torch_engine import TorchEngine
 from hybridflow_lab.engines.torch_rollout import TorchRollout
 from hybridflow_lab.engines.train_base import StepMetrics, TrainEngine
@@ -93,13 +94,13 @@ class ActorWorker(TrainedRole):
         path = config.actor.model_path
         self.tokenizer = load_tokenizer(path)
         self.layout = actor_layout(config)
-        tp, dp_group = self._training_parallelism()
+        tp, dp_group, stage = self._training_parallelism()
         policy = functools.partial(load_causal_lm, path, impl=config.actor.model_impl)
-        self.engine = self.build_engine(config.actor, shard_model(policy(), tp), dp_group, tp, state)
+        self.engine = self.build_engine(config.actor, shard_model(policy(), tp), dp_group, tp, state, stage)
         if reference_model is None:
             reference_model = RunNeeds.of(config).reference_model
         # only when a stage reads it; under LoRA the reference is the base, the adapters switched off
-        self.reference = self._reference(shard_model(policy(), tp)) if reference_model else None
+        self.reference = self._reference(shard_model(policy(), tp), stage) if reference_model else None
         self.rollout: TorchRollout | VllmRollout
         params, eos, pad = sampling_params(config), self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         if config.rollout.engine == "vllm":
@@ -121,21 +122,29 @@ class ActorWorker(TrainedRole):
     def data_parallel_size(self) -> int:
         return self.layout.d
 
-    def _reference(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The frozen reference policy on this rank's device, sharded like the actor (ZeRO-3, FSDP)."""
+    def _reference(self, model: torch.nn.Module, stage: StagePlace | None) -> torch.nn.Module | StagedModel:
+        """The frozen reference policy on this rank's device, sharded like the actor (ZeRO-3, FSDP, its pipeline
+        stage)."""
         engine = self.config.actor.engine
+        if stage is not None:
+            staged = StagedModel(model.eval().requires_grad_(False), stage, self.device)
+            staged.stage.to(self.device)
+            return staged
         if engine.torch_compile:
             compile_layers(model)
         return build_frozen_model(engine.backend, model, zero_stage=engine.zero_stage, bf16=engine.bf16,
                                   device=self.device)
 
-    def _training_parallelism(self) -> tuple[TensorParallel, Any]:
-        """This rank's training TP place and its data-parallel group (None: all ranks)."""
-        if self.layout.t == 1:
-            return SINGLE, None
-        mesh = self.device_mesh("train")
-        return TensorParallel(self.layout.t, self.mesh_coords("train")["tp"], mesh.get_group("tp")), \
-            mesh.get_group("dp")
+    def _training_parallelism(self) -> tuple[TensorParallel, Any, StagePlace | None]:
+        """This rank's training TP place, its data-parallel group (None: all ranks) and its pipeline stage."""
+        layout = self.layout
+        if layout.t == 1 and layout.p == 1:
+            return SINGLE, None, None
+        mesh, coords = self.device_mesh("train"), self.mesh_coords("train")
+        tp = TensorParallel(layout.t, coords["tp"], mesh.get_group("tp")) if layout.t > 1 else SINGLE
+        stage = StagePlace(coords["pp"], layout.p, mesh.get_group("pp"), self.config.actor.engine.pipeline_schedule) \
+            if layout.p > 1 else None
+        return tp, mesh.get_group("dp"), stage
 
     def _hybrid_engine(self, load_copy: Any, copy_discarded: bool = False) -> HybridEngine:
         return HybridEngine(self.config, self.engine, self.rank, lambda: process_groups(self.device_mesh), self.span,
@@ -161,7 +170,7 @@ class ActorWorker(TrainedRole):
         with self.hybrid.generating(), self.span("generate", prompts=len(prompts)) as attrs:
             return responses_batch(self.rollout, self.tokenizer, prompts, params, attrs)
 
-    def _log_probs(self, model: torch.nn.Module, batch: DataBatch, with_entropy: bool) -> DataBatch:
+    def _log_probs(self, model: torch.nn.Module | StagedModel, batch: DataBatch, with_entropy: bool) -> DataBatch:
         temperature, remove_padding = self.config.rollout.temperature, self.config.actor.engine.remove_padding
 
         def forward(module: torch.nn.Module, micro: DataBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -170,6 +179,8 @@ class ActorWorker(TrainedRole):
         micros = micro_batches(batch, self.config.batch)
         if model is self.engine.module:
             parts = self.engine.infer(micros.parts, forward)
+        elif isinstance(model, StagedModel):
+            parts = model.infer(micros.parts, forward, precision=self.engine.precision())
         else:
             with torch.no_grad(), self.engine.precision():
                 parts = [forward(model, micro) for micro in micros.parts]

@@ -8,6 +8,7 @@ from torch.distributed import ProcessGroup
 from hybridflow_lab.config import LabConfig, RoleConfig
 from hybridflow_lab.controller import Dispatch, Worker, register
 from hybridflow_lab.engines import build_train_engine
+from hybridflow_lab.engines.pipeline_engine import StagePlace
 from hybridflow_lab.engines.train_base import TrainEngine
 from hybridflow_lab.engines.training_state import TrainingState
 from hybridflow_lab.models.causal_lm import enable_gradient_checkpointing
@@ -30,11 +31,12 @@ class TrainedRole(Worker):
         return self.world_size
 
     def build_engine(self, role: RoleConfig, model: nn.Module, dp_group: ProcessGroup | None = None,
-                     tp: TensorParallel = SINGLE, state: TrainingState | None = None) -> TrainEngine:
+                     tp: TensorParallel = SINGLE, state: TrainingState | None = None,
+                     stage: StagePlace | None = None) -> TrainEngine:
         """``role``'s training engine around ``model`` (this rank's ``tp`` shard, on the CPU: the engine places it
-        on this rank's device), sized by the run's batch config; gradients are averaged over ``dp_group``
-        (default: all ranks); ``role.lora`` puts adapters on it first; ``state`` (a run's ``training_state``, from
-        any layout) is where it continues from. Collective."""
+        on this rank's device; ``stage``: the pipeline stage this rank trains of it), sized by the run's batch
+        config; gradients are averaged over ``dp_group`` (default: all ranks); ``role.lora`` puts adapters on it
+        first; ``state`` (a run's ``training_state``, from any layout) is where it continues from. Collective."""
         batch, engine = self.config.batch, role.engine
         if role.lora.enabled:
             apply_lora(model, role.lora, self.trained_heads)
@@ -48,7 +50,8 @@ class TrainedRole(Worker):
         return build_train_engine(
             engine.backend, model, role.optim, zero_stage=engine.zero_stage, micro_batch_size=micro,
             micro_batches_per_step=per_rank_minibatch(batch, self.data_parallel_size) // micro,
-            offload=engine.offload, bf16=engine.bf16, dp_group=dp_group, tp=tp, device=self.device, state=state,
+            offload=engine.offload, bf16=engine.bf16, dp_group=dp_group, tp=tp, stage=stage, device=self.device,
+            state=state,
         )
 
     @register(Dispatch.ONE_TO_ALL)
