@@ -151,10 +151,10 @@ class PipelineEngine(TorchEngine):
         for index in range(self.stage.stages):
             owner = dist.get_global_rank(self.pp_group, index)
             mine = self.stage.index == index
-            specs = [[(name, _full_shape(value, name, self.tp), value.dtype)
-                      for name, value in self.stage.state_dict().items()] if mine else None]
-            dist.broadcast_object_list(specs, src=owner, group=self.pp_group)
             own = self.stage.state_dict() if mine else {}
+            specs = [[(name, _full_shape(value, name, self.tp), value.dtype) for name, value in own.items()]
+                     if mine else None]
+            dist.broadcast_object_list(specs, src=owner, group=self.pp_group)
             for name, shape, dtype in specs[0]:
                 tensor = gather(own[name], name, self.tp).contiguous() if mine else \
                     torch.empty(shape, dtype=dtype, device=self.device)
